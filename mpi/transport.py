@@ -1,0 +1,118 @@
+"""The transport contract: how bytes move between ranks, and how many moved.
+
+Every scheme talks to the other ranks only through a `Transport`. A transport moves flat uint8
+torch tensors (callers pack indices and values into one buffer, so each step is one collective)
+and counts, per call, the bytes this rank sent to and received from *other* ranks:
+
+- alltoallv: sent = sum(send_counts) - send_counts[rank], received likewise with recv_counts;
+- allgatherv: sent = len(send) * (size - 1) (each peer gets a copy), received = the peers' parts;
+- small integer exchanges (headers, counts, seeds) are counted the same way, as "control" bytes.
+
+Buffer layout is always rank-major: part r of a send (or receive) buffer goes to (came from)
+rank r, parts back to back in rank order.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass
+class CommStats:
+    """Bytes and calls of one transport (this rank's view)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    control_bytes_sent: int = 0
+    control_bytes_received: int = 0
+    calls: int = 0
+
+    def add(self, sent: int, received: int, control: bool = False) -> None:
+        if control:
+            self.control_bytes_sent += int(sent)
+            self.control_bytes_received += int(received)
+        else:
+            self.bytes_sent += int(sent)
+            self.bytes_received += int(received)
+        self.calls += 1
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Transport:
+    """Base class: rank bookkeeping and byte accounting; subclasses move the bytes."""
+
+    name = "abstract"
+
+    def __init__(self, rank: int, size: int):
+        self.rank = rank
+        self.size = size
+        self.stats = CommStats()
+
+    # -- what subclasses implement -------------------------------------------------------
+    def _alltoallv(self, send: torch.Tensor, send_counts, recv_counts) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _allgatherv(self, send: torch.Tensor, recv_counts) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _allgather_int64(self, row: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- the counted interface -----------------------------------------------------------
+    def alltoallv(self, send: torch.Tensor, send_counts, recv_counts) -> torch.Tensor:
+        """Part r of `send` (send_counts[r] bytes) goes to rank r; returns the received parts,
+        rank-major, recv_counts[r] bytes from rank r."""
+        send_counts = [int(c) for c in send_counts]
+        recv_counts = [int(c) for c in recv_counts]
+        assert send.dtype == torch.uint8 and send.numel() == sum(send_counts)
+        out = self._alltoallv(send, send_counts, recv_counts)
+        self.stats.add(sum(send_counts) - send_counts[self.rank],
+                       sum(recv_counts) - recv_counts[self.rank])
+        return out
+
+    def allgatherv(self, send: torch.Tensor, recv_counts=None):
+        """Every rank gets every rank's `send`, rank-major. If `recv_counts` is not known it is
+        exchanged first (control bytes). Returns (received, recv_counts)."""
+        assert send.dtype == torch.uint8
+        if recv_counts is None:
+            recv_counts = self.allgather_int64(np.array([send.numel()], dtype=np.int64))[:, 0]
+        recv_counts = [int(c) for c in recv_counts]
+        assert recv_counts[self.rank] == send.numel()
+        out = self._allgatherv(send, recv_counts)
+        self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel())
+        return out, recv_counts
+
+    def allgather_int64(self, row) -> np.ndarray:
+        """Gather one fixed-length int64 row from every rank: returns shape (size, len(row))."""
+        row = np.ascontiguousarray(row, dtype=np.int64)
+        table = self._allgather_int64(row)
+        self.stats.add(row.nbytes * (self.size - 1), row.nbytes * (self.size - 1), control=True)
+        return table.reshape(self.size, row.size)
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Dense sum over ranks (used by the AllReduce baseline and dense fallbacks). Counted as
+        a ring allreduce moves data: 2 (n-1)/n of the buffer each way."""
+        out = self._allreduce_sum(tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        moved = 2 * (self.size - 1) * nbytes // self.size
+        self.stats.add(moved, moved)
+        return out
+
+    def broadcast_int(self, value: int, root: int = 0) -> int:
+        """Rank `root`'s integer, on every rank."""
+        return int(self.allgather_int64([int(value)])[root, 0])
+
+
+def displacements(counts) -> np.ndarray:
+    """Exclusive prefix sum: where part r starts in a rank-major buffer."""
+    d = np.zeros(len(counts), dtype=np.int64)
+    if len(counts) > 1:
+        np.cumsum(np.asarray(counts[:-1], dtype=np.int64), out=d[1:])
+    return d

@@ -1,0 +1,39 @@
+"""Shared test helpers: launching multi-rank scripts under mpirun or horovodrun."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mpirun(np_, script, *args, env=None, timeout=600):
+    """Run tests/mpi/<script> on np_ local ranks under mpirun; return the completed process."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed (run scripts/setup.sh)")
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    # Local ranks inherit mpirun's environment, so `env` reaches them without -x.
+    cmd += [sys.executable, os.path.join(HERE, "mpi", script), *map(str, args)]
+    return _run(cmd, dict(os.environ, **(env or {})), timeout)
+
+
+def horovodrun_gloo(np_, script, *args, env=None, timeout=600):
+    """Run tests/mpi/<script> under `horovodrun --gloo` (no MPI job)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(exe):
+        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
+    cmd = [exe, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+           sys.executable, os.path.join(HERE, "mpi", script), *map(str, args)]
+    return _run(cmd, dict(os.environ, **(env or {})), timeout)
+
+
+def _run(cmd, env, timeout):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc

@@ -1,0 +1,19 @@
+"""sparse_allreduce on real ranks: 1 to 5 ranks under mpirun, both transports, and under
+horovodrun --gloo. The cases themselves are in tests/mpi/sync_cases.py."""
+import pytest
+
+from conftest import horovodrun_gloo, mpirun
+
+
+@pytest.mark.parametrize("transport", ["mpi4py", "horovod"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
+def test_sync_cases_mpirun(ranks, transport):
+    proc = mpirun(ranks, "sync_cases.py", "--transport", transport,
+                  "--examples", 20 if ranks in (2, 4) else 8)
+    assert "all cases passed" in proc.stdout
+
+
+def test_sync_cases_horovodrun_gloo():
+    # No MPI job: the default transport must be Horovod's collectives.
+    proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)
+    assert "all cases passed" in proc.stdout and "horovod transport" in proc.stdout

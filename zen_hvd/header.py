@@ -1,0 +1,107 @@
+"""The header every rank sends before a sync: what it is about to synchronize.
+
+One small allgather carries, per rank, the tensor's name, shape, dtype, layout, unit size,
+op, seed and scheme, any local input error, and how many units it will push to each server
+(the Push counts). Every rank then checks the same table, so a mismatch or a bad input on any
+rank raises the same error on every rank instead of a hang or a silently wrong sum.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, Layout
+
+VERSION = 1
+MAX_DIMS = 8
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+          torch.int64, torch.int16, torch.int8, torch.uint8)
+FIELDS = ("version", "name", "ndim", *(f"dim{i}" for i in range(MAX_DIMS)), "dtype", "sparse",
+          "sparse_dim", "unit_size", "op", "seed", "scheme", "error", "error_detail", "nnz")
+COL = {f: i for i, f in enumerate(FIELDS)}
+COUNTS = len(FIELDS)  # the Push counts (one per server) follow the fixed fields
+
+
+class TensorMismatchError(ValueError):
+    """Ranks disagree about a tensor they synchronize together."""
+
+
+class InvalidTensorError(ValueError):
+    """A rank's tensor cannot be synchronized (for example an index out of range)."""
+
+
+def name_code(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, error: int,
+                error_detail: int, nnz: int, counts) -> np.ndarray:
+    if len(layout.shape) > MAX_DIMS:
+        raise ValueError(f"tensor {name!r}: at most {MAX_DIMS} dimensions are supported")
+    if layout.dtype not in DTYPES:
+        raise TypeError(f"tensor {name!r}: dtype {layout.dtype} is not supported")
+    row = np.zeros(COUNTS + len(counts), dtype=np.int64)
+    dims = list(layout.shape) + [0] * (MAX_DIMS - len(layout.shape))
+    values = dict(version=VERSION, name=name_code(name), ndim=len(layout.shape),
+                  dtype=DTYPES.index(layout.dtype), sparse=int(layout.sparse),
+                  sparse_dim=layout.sparse_dim, unit_size=layout.unit_size, op=int(op),
+                  seed=seed, scheme=scheme, error=error, error_detail=error_detail, nnz=nnz,
+                  **{f"dim{i}": d for i, d in enumerate(dims)})
+    for f, v in values.items():
+        row[COL[f]] = v
+    row[COUNTS:] = counts
+    return row
+
+
+def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
+    """Raise the same error on every rank if the ranks' headers disagree or report bad input."""
+    def differs(cols):
+        return bool((table[:, cols] != table[0, cols]).any())
+
+    def per_rank(describe):
+        return ", ".join(f"rank {r}: {describe(row)}" for r, row in enumerate(table))
+
+    where = f"zen_hvd: tensor {name!r}"
+    if differs([COL["name"]]):
+        raise TensorMismatchError(
+            f"{where}: ranks are synchronizing different tensors at this call (names differ; "
+            f"this rank's is {name!r}). Call sparse_allreduce for the same tensors in the same "
+            "order on every rank, or pass matching name= arguments.")
+    if differs([COL["version"]]):
+        raise TensorMismatchError(f"{where}: ranks run different zen_hvd versions")
+    shape_cols = [COL["ndim"]] + [COL[f"dim{i}"] for i in range(MAX_DIMS)]
+    if differs(shape_cols):
+        raise TensorMismatchError(f"{where}: shape differs across ranks ("
+                                  + per_rank(lambda row: str(tuple(row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])))
+                                  + ")")
+    if differs([COL["dtype"]]):
+        raise TensorMismatchError(f"{where}: dtype differs across ranks ("
+                                  + per_rank(lambda row: str(DTYPES[row[COL["dtype"]]])) + ")")
+    if differs([COL["sparse"], COL["sparse_dim"], COL["unit_size"]]):
+        raise TensorMismatchError(
+            f"{where}: layout or unit size differs across ranks ("
+            + per_rank(lambda row: f"{'sparse' if row[COL['sparse']] else 'dense'}, "
+                                   f"sparse_dim {row[COL['sparse_dim']]}, unit size {row[COL['unit_size']]}")
+            + ")")
+    if differs([COL["op"]]):
+        raise TensorMismatchError(f"{where}: reduction op differs across ranks ("
+                                  + per_rank(lambda row: str(row[COL["op"]])) + ")")
+    if differs([COL["seed"]]):
+        raise TensorMismatchError(
+            f"{where}: the partition hash seed differs across ranks ("
+            + per_rank(lambda row: hex(row[COL["seed"]])) + "); set ZEN_HVD_SEED to the same "
+            "value on every rank or leave it unset so that rank 0's seed is broadcast")
+    if differs([COL["scheme"]]):
+        names = scheme_names or {}
+        raise TensorMismatchError(f"{where}: scheme differs across ranks ("
+                                  + per_rank(lambda row: names.get(row[COL["scheme"]], str(row[COL["scheme"]])))
+                                  + ")")
+    for r, row in enumerate(table):
+        if row[COL["error"]] == INDEX_OUT_OF_RANGE:
+            raise InvalidTensorError(
+                f"{where}: rank {r} has a sparse index out of range (index {row[COL['error_detail']]} "
+                f"for shape {tuple(row[COL['dim0']:COL['dim0'] + row[COL['ndim']]])})")
+        if row[COL["error"]] == BAD_LAYOUT:
+            raise InvalidTensorError(f"{where}: rank {r} passed a tensor layout that cannot be synchronized")

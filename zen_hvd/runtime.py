@@ -1,0 +1,102 @@
+"""Process-wide state: Horovod initialisation, transports, partition-hash seeds, byte counters.
+
+Seeds: h0 must be the same function on every rank (PAPER.md section 4, technique 3). At the
+first sync of a process set, rank 0 draws a seed and broadcasts it. ZEN_HVD_SEED (or
+set_seed) fixes it instead; every rank then uses its own value and the header check catches
+ranks that disagree.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+
+
+from .mpi import select
+
+_MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+_transports: dict = {}
+_seeds: dict = {}
+
+
+def launched_by_mpi() -> bool:
+    """True under mpirun / horovodrun-with-MPI; False under horovodrun --gloo or no launcher."""
+    return any(v in os.environ for v in _MPI_LAUNCHER_VARS) and \
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in os.environ
+
+
+def init(*args, **kwargs):
+    """horovod.torch.init, preceded (under an MPI launcher) by mpi4py's MPI initialisation with
+    MPI_THREAD_MULTIPLE, so the mpi4py transport and Horovod's thread can share the job."""
+    if launched_by_mpi():
+        try:
+            import mpi4py
+
+            mpi4py.rc.thread_level = "multiple"
+            from mpi4py import MPI  # noqa: F401  (initialises MPI)
+        except ImportError:
+            pass
+    import horovod.torch as hvd
+
+    return hvd.init(*args, **kwargs)
+
+
+def ensure_init():
+    import horovod.torch as hvd
+
+    if not hvd.is_initialized():
+        raise ValueError("Horovod has not been initialized; call zen_hvd.init() first")
+
+
+def _process_set_key(process_set):
+    return None if process_set is None else getattr(process_set, "process_set_id", id(process_set))
+
+
+def get_transport(name=None, process_set=None):
+    """The (cached) transport of this name for this process set."""
+    ensure_init()
+    import horovod.torch as hvd
+
+    if process_set is not None and process_set.process_set_id == hvd.global_process_set.process_set_id:
+        process_set = None
+    name = select.resolve_transport_name(name)
+    key = (name, _process_set_key(process_set))
+    if key not in _transports:
+        if process_set is not None and not process_set.included():
+            raise ValueError(f"this rank is not in process set {process_set}")
+        _transports[key] = select.make_transport(name, process_set)
+    return _transports[key]
+
+
+def set_seed(seed: int, process_set=None) -> None:
+    """Fix the partition-hash seed (must be the same on every rank of the process set)."""
+    _seeds[_process_set_key(process_set)] = int(seed) & ((1 << 62) - 1)
+
+
+def get_seed(transport, process_set=None) -> int:
+    key = _process_set_key(process_set)
+    if key not in _seeds:
+        env = os.environ.get("ZEN_HVD_SEED")
+        if env is not None:
+            set_seed(int(env, 0), process_set)
+        else:
+            drawn = secrets.randbits(62) if transport.rank == 0 else 0
+            set_seed(transport.broadcast_int(drawn, root=0), process_set)
+    return _seeds[key]
+
+
+def comm_stats() -> dict:
+    """Bytes sent and received by this rank through every zen_hvd transport since the last
+    reset (data bytes and control bytes: headers, counts, seeds), and the number of calls."""
+    total: dict = {}
+    for t in _transports.values():
+        for k, v in t.stats.as_dict().items():
+            total[k] = total.get(k, 0) + v
+    return total or {"bytes_sent": 0, "bytes_received": 0, "control_bytes_sent": 0,
+                     "control_bytes_received": 0, "calls": 0}
+
+
+def reset_comm_stats() -> None:
+    from .mpi.transport import CommStats
+
+    for t in _transports.values():
+        t.stats = CommStats()

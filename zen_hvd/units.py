@@ -1,0 +1,114 @@
+"""Units: what one index addresses (DESIGN.md data path, step 1).
+
+A gradient becomes a set of (unit index, unit values):
+- a sparse COO tensor: unit = its (linearized) sparse index, D = product of its dense dims, so
+  an embedding gradient with sparse_dim=1 travels by rows (one index per row of D values) and an
+  element-sparse tensor by elements;
+- a dense 2-D tensor (an embedding table): unit = row, D = columns; the units sent are the rows
+  holding any non-zero (NaN and Inf count as non-zero, so they propagate like a dense sum);
+- any other dense tensor: unit = element of the flattened tensor.
+`unit="row"` or `unit="element"` overrides the dense rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+# Local input problems, sent in the header so that every rank raises the same error.
+OK, INDEX_OUT_OF_RANGE, BAD_LAYOUT = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a tensor maps to units; must agree on every rank."""
+
+    shape: tuple
+    dtype: torch.dtype
+    sparse: bool          # sparse COO in, sparse COO out
+    sparse_dim: int       # dims folded into the unit index
+    num_units: int        # M
+    unit_size: int        # D: values per unit
+
+
+def layout_of(tensor: torch.Tensor, unit: str | None = None) -> Layout:
+    shape = tuple(tensor.shape)
+    if tensor.layout == torch.sparse_coo:
+        sparse_dim = tensor.sparse_dim()
+    elif tensor.layout != torch.strided:
+        raise TypeError(f"unsupported tensor layout {tensor.layout}: use a dense or sparse COO tensor")
+    elif unit == "row" or (unit is None and tensor.dim() == 2):
+        sparse_dim = min(1, tensor.dim())
+    elif unit in (None, "element"):
+        sparse_dim = tensor.dim()
+    else:
+        raise ValueError(f"unit must be 'row', 'element' or None, not {unit!r}")
+    return Layout(shape, tensor.dtype, tensor.layout == torch.sparse_coo, sparse_dim,
+                  math.prod(shape[:sparse_dim]), math.prod(shape[sparse_dim:]))
+
+
+def to_units(tensor: torch.Tensor, layout: Layout):
+    """Returns (units int64 numpy [nnz], values torch [nnz, D], error code, error detail).
+
+    Units are unique (duplicates of an uncoalesced sparse tensor are summed) and ascending."""
+    M, D = layout.num_units, layout.unit_size
+    if layout.sparse:
+        idx = tensor._indices()
+        if idx.numel() and (bool((idx < 0).any()) or bool(
+                (idx >= torch.tensor(layout.shape[:layout.sparse_dim]).unsqueeze(1)).any())):
+            bad = _first_out_of_range(idx, layout.shape[:layout.sparse_dim])
+            return None, None, INDEX_OUT_OF_RANGE, bad
+        t = tensor.coalesce()  # sums duplicates
+        units = _linearize(t.indices(), layout.shape[:layout.sparse_dim])
+        values = t.values().reshape(-1, D)
+    else:
+        flat = tensor.detach().reshape(M, D)
+        nz = flat != 0
+        nz = nz.any(dim=1) if D > 1 else nz[:, 0]
+        units_t = torch.nonzero(nz).reshape(-1)
+        units = units_t.numpy().astype(np.int64, copy=False)
+        values = flat.index_select(0, units_t)
+    return np.ascontiguousarray(units, dtype=np.int64), values.contiguous(), OK, 0
+
+
+def from_units(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_units for unique units: sparse (coalesced) or dense, as the input was."""
+    M, D = layout.num_units, layout.unit_size
+    if not layout.sparse:
+        out = torch.zeros((M, D), dtype=layout.dtype)
+        if units.size:
+            out[torch.from_numpy(units)] = values
+        return out.reshape(layout.shape)
+    order = np.argsort(units, kind="stable")
+    units = units[order]
+    values = values[torch.from_numpy(order)] if units.size else values
+    indices = _delinearize(units, layout.shape[:layout.sparse_dim])
+    values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
+    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True)
+
+
+def _linearize(indices: torch.Tensor, dims) -> np.ndarray:
+    idx = indices.numpy().astype(np.int64, copy=False)
+    units = np.zeros(idx.shape[1], dtype=np.int64)
+    for d, size in enumerate(dims):
+        units = units * size + idx[d]
+    return units
+
+
+def _delinearize(units: np.ndarray, dims) -> torch.Tensor:
+    rows = []
+    rest = units.copy()
+    for size in reversed(dims):
+        rows.append(rest % size)
+        rest //= size
+    rows.reverse()
+    return torch.from_numpy(np.stack(rows) if rows else np.zeros((0, units.size), np.int64))
+
+
+def _first_out_of_range(idx: torch.Tensor, dims) -> int:
+    bound = torch.tensor(dims).unsqueeze(1)
+    bad = ((idx < 0) | (idx >= bound)).any(dim=0)
+    col = int(torch.nonzero(bad)[0, 0])
+    return int(idx[:, col][((idx[:, col] < 0) | (idx[:, col] >= bound[:, 0]))][0])
