@@ -55,6 +55,10 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
     return row
 
 
+def _shape(row) -> tuple:
+    return tuple(int(d) for d in row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])
+
+
 def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
     """Raise the same error on every rank if the ranks' headers disagree or report bad input."""
     def differs(cols):
@@ -74,7 +78,7 @@ def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
     shape_cols = [COL["ndim"]] + [COL[f"dim{i}"] for i in range(MAX_DIMS)]
     if differs(shape_cols):
         raise TensorMismatchError(f"{where}: shape differs across ranks ("
-                                  + per_rank(lambda row: str(tuple(row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])))
+                                  + per_rank(lambda row: str(_shape(row)))
                                   + ")")
     if differs([COL["dtype"]]):
         raise TensorMismatchError(f"{where}: dtype differs across ranks ("
@@ -102,6 +106,6 @@ def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
         if row[COL["error"]] == INDEX_OUT_OF_RANGE:
             raise InvalidTensorError(
                 f"{where}: rank {r} has a sparse index out of range (index {row[COL['error_detail']]} "
-                f"for shape {tuple(row[COL['dim0']:COL['dim0'] + row[COL['ndim']]])})")
+                f"for shape {_shape(row)})")
         if row[COL["error"]] == BAD_LAYOUT:
             raise InvalidTensorError(f"{where}: rank {r} passed a tensor layout that cannot be synchronized")

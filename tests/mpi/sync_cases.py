@@ -51,10 +51,10 @@ def make_sparse(units, values, shape):
     """Row-sparse hybrid tensor (2-D shape) or element-sparse tensor (N-D shape)."""
     if len(shape) == 2 and values.shape[1] == shape[1]:
         idx = torch.from_numpy(units).reshape(1, -1)
-        return torch.sparse_coo_tensor(idx, torch.from_numpy(values), shape)
+        return torch.sparse_coo_tensor(idx, torch.from_numpy(values), shape, check_invariants=True)
     idx = torch.from_numpy(np.stack(np.unravel_index(units, shape)) if units.size
                            else np.zeros((len(shape), 0), np.int64))
-    return torch.sparse_coo_tensor(idx, torch.from_numpy(values[:, 0]), shape)
+    return torch.sparse_coo_tensor(idx, torch.from_numpy(values[:, 0]), shape, check_invariants=True)
 
 
 def check(name, inputs, op=zen_hvd.Sum, rtol=1e-5, **kw):
@@ -102,10 +102,13 @@ check("identical", rows(1000, 8, 0.05, 1.0, 0.0, 1))
 check("disjoint", rows(1000, 8, 0.05, 0.0, 0.0, 2))
 check("zipf_rows", rows(5000, 16, 0.02, 0.3, 1.1, 3))
 check("dense_100pct", rows(300, 4, 1.0, 1.0, 0.0, 4))
-empty = [torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros((0, 8)), (100, 8))] * n
-check("all_empty", empty)
+def empty(M, D):
+    return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros((0, D)), (M, D))
+
+
+check("all_empty", [empty(100, 8)] * n)
 one_empty = rows(400, 8, 0.1, 0.5, 0.0, 5)
-one_empty[n - 1] = empty[0]
+one_empty[n - 1] = empty(400, 8)
 check("one_rank_empty", one_empty)
 check("average", rows(800, 8, 0.05, 0.5, 0.5, 6), op=zen_hvd.Average)
 check("float64", rows(800, 3, 0.05, 0.5, 0.5, 7, np.float64), rtol=1e-12)

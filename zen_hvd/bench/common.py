@@ -1,0 +1,61 @@
+"""Shared benchmark plumbing: launching under mpirun, timing syncs, gathering per-rank rows."""
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import sys
+import time
+
+from .. import runtime
+
+
+def ensure_launched(ranks: int, module: str) -> None:
+    """If started without a launcher, re-run this module under `mpirun -np ranks`."""
+    if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:
+        return
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, "-m", module, *sys.argv[1:]]
+    print("+", shlex.join(cmd), flush=True)
+    os.execvp(cmd[0], cmd)
+
+
+def barrier() -> None:
+    import horovod.torch as hvd
+
+    hvd.barrier()
+
+
+def time_calls(fn, repeats: int, warmup: int = 2):
+    """Median wall time of fn() over `repeats` calls, each started together on all ranks, and
+    the data bytes this rank received per call through zen_hvd transports."""
+    for _ in range(warmup):
+        fn()
+    runtime.reset_comm_stats()
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    stats = runtime.comm_stats()
+    return statistics.median(times), stats["bytes_received"] / repeats, stats
+
+
+def gather(values) -> "list[list[float]]":
+    """Every rank's row of numbers (float64), on every rank."""
+    import numpy as np
+    import torch
+    import horovod.torch as hvd
+
+    row = torch.tensor([list(map(float, values))], dtype=torch.float64)
+    return hvd.allgather(row).numpy().tolist() if hvd.size() > 1 else row.numpy().tolist()
+
+
+def human_bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024 or unit == "GiB":
+            return f"{x:.1f} {unit}" if unit != "B" else f"{x:.0f} B"
+        x /= 1024

@@ -1,0 +1,114 @@
+"""Core benchmark of balanced parallelism (issue: foundation).
+
+    python -m zen_hvd.bench.core [--ranks 4] [--units 16777216] [--density 0.01]
+
+Starts itself under mpirun with --ranks ranks when launched plainly. Prints, for an
+element-sparse tensor of M units at the given density:
+  - Push and Pull imbalance ratios (PAPER.md Def. 8; goal <= 1.1);
+  - data bytes received per rank, measured by the transport counters, against the paper's
+    formula (1) with the hash bitmap, and what COO indices would have cost in Pull;
+  - CPU partition throughput (million units/s) against a torch sort-based partition;
+  - the memory Zen keeps per tensor, and the working buffers of one sync.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from .common import ensure_launched, gather, human_bytes, time_calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--units", type=int, default=16 * 2 ** 20, help="M (elements)")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--overlap", type=float, default=0.3)
+    ap.add_argument("--skew", type=float, default=0.5)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--transport", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    ensure_launched(args.ranks, "zen_hvd.bench.core")
+
+    import zen_hvd
+    from zen_hvd import stats, workloads
+    from zen_hvd.cuda_kernels import h0, hierarchical_hashing
+    from zen_hvd.hash_bitmap import bitmap_nbytes
+
+    zen_hvd.init()
+    import horovod.torch as hvd
+
+    n, me, M = hvd.size(), hvd.rank(), args.units
+    zen_hvd.set_seed(12345)
+    units = workloads.rank_units(M, n, args.density, args.overlap, args.skew, args.seed)[me]
+    values = workloads.rank_values(units, 1, me, args.seed)[:, 0]
+    grad = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), (M,))
+
+    sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, transport=args.transport)
+    t_sync, recv_bytes, _ = time_calls(sync, args.repeats)
+    info = zen_hvd.last_sync
+    push_imb = stats.push_imbalance(info["push_counts"])
+    pull_imb = stats.pull_imbalance(info["pull_counts"])
+
+    # The formula, from the measured density d_G and densification ratio gamma_n.
+    nnz = info["nnz"].astype(float)
+    d_G = nnz.mean() / M
+    gamma = info["pull_counts"].sum() / nnz.mean()
+    f = stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4)
+    coo = stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4, bitmap=False)
+
+    # CPU partition throughput: Zen's h0 + counting sort against torch.sort of partition ids.
+    keys = h0.derive_keys(12345)
+    part, _ = h0.partition_cpu(units, M, n, keys)
+    part_t = torch.from_numpy(part)
+    def zen_partition():
+        hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
+    def torch_sort_partition():
+        order = torch.sort(part_t, stable=True).indices
+        torch.bincount(part_t, minlength=n)
+        return order
+    def median_time(fn, reps=20):
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+    t_zen, t_sort = median_time(zen_partition), median_time(torch_sort_partition)
+
+    rows = gather([recv_bytes, t_sync, units.size])
+    if me != 0:
+        return
+    recv = np.array([r[0] for r in rows])
+    print(f"zen_hvd.bench.core: M = {M:,} elements, density {args.density:.2%}, {n} ranks, "
+          f"overlap {args.overlap}, skew {args.skew}, transport {zen_hvd.runtime.get_transport(args.transport).name}")
+    print(f"  measured d_G = {d_G:.4%}, gamma_{n} = {gamma:.3f} (|I| = {info['pull_counts'].sum():,} aggregated units)")
+    print(f"  Push imbalance ratio   {push_imb:.4f}   (goal <= 1.1)")
+    print(f"  Pull imbalance ratio   {pull_imb:.4f}   (goal <= 1.1)")
+    print(f"  time per sync (median of {args.repeats}, rank max) {max(r[1] for r in rows) * 1e3:.1f} ms")
+    print("  data bytes received per rank (transport counters):")
+    for r, b in enumerate(recv):
+        print(f"    rank {r}: {b:,.0f} B ({human_bytes(b)})")
+    err = (recv.mean() - f["total"]) / f["total"]
+    print(f"  formula (1) with hash bitmap: {f['total']:,.0f} B per rank "
+          f"(Push {f['push']:,.0f} + Pull {f['pull']:,.0f}, of which bitmaps {f['pull_index']:,.0f})")
+    print(f"  measured mean / formula: {recv.mean() / f['total']:.4f} (error {err:+.2%}, goal within 2%); "
+          f"max rank / formula {recv.max() / f['total']:.4f}")
+    print(f"  with COO indices in Pull instead: {coo['total']:,.0f} B per rank; the hash bitmap saves "
+          f"{coo['pull_index'] - f['pull_index']:,.0f} B ({(coo['total'] - f['total']) / coo['total']:.1%} of the total)")
+    print(f"  CPU partition of {units.size:,} units: Zen h0 + counting sort {units.size / t_zen / 1e6:.1f} M units/s, "
+          f"torch.sort of precomputed partition ids {units.size / t_sort / 1e6:.1f} M units/s "
+          f"(ratio {t_sort / t_zen:.2f}x)")
+    nbits = h0.server_size(M, n, 0)
+    print(f"  memory Zen keeps per tensor: {keys.nbytes} B (h0's Feistel keys; no I_p table — a table "
+          f"would hold M int64 = {human_bytes(M * 8)})")
+    print(f"  working buffers of one sync (freed after): bitmap {human_bytes(bitmap_nbytes(nbits))} "
+          f"+ popcount prefix {human_bytes(bitmap_nbytes(nbits) * 8)} per server, plus the Push/Pull buffers")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Imbalance ratios (PAPER.md Definition 8) and the balanced-parallelism byte formula.
+
+Push imbalance = max_{i,j} n |I_i^j| / |I_i|  (worker i's units for server j)
+Pull imbalance = max_j n |I'_j| / |I|         (server j's aggregated units; I = union)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .hash_bitmap import bitmap_nbytes
+
+
+def push_imbalance(push_counts: np.ndarray) -> float:
+    """push_counts[i, j] = units worker i sends to server j."""
+    n = push_counts.shape[0]
+    per_worker = push_counts.sum(axis=1, keepdims=True)
+    ratios = n * push_counts / np.maximum(per_worker, 1)
+    return float(ratios[per_worker[:, 0] > 0].max()) if (per_worker > 0).any() else 1.0
+
+
+def pull_imbalance(pull_counts: np.ndarray) -> float:
+    total = int(np.sum(pull_counts))
+    return float(len(pull_counts) * np.max(pull_counts) / total) if total else 1.0
+
+
+def balanced_bytes_formula(M: int, n: int, d_G: float, gamma: float, D: int,
+                           value_bytes: int, index_bytes: int, bitmap: bool = True) -> dict:
+    """Bytes one worker receives with balanced parallelism (PAPER.md equation (1), in bytes):
+    Push (n-1)/n d_G M (index + D value bytes); Pull (n-1)/n gamma d_G M D value bytes plus
+    either the hash bitmaps (n-1)/n M/8 bytes or COO indices (n-1)/n gamma d_G M index bytes."""
+    f = (n - 1) / n
+    push = f * d_G * M * (index_bytes + D * value_bytes)
+    pull_values = f * gamma * d_G * M * D * value_bytes
+    pull_index = f * M / 8 if bitmap else f * gamma * d_G * M * index_bytes
+    return dict(push=push, pull=pull_values + pull_index, pull_index=pull_index,
+                total=push + pull_values + pull_index)
+
+
+def exact_bitmap_bytes(M: int, n: int, me: int) -> int:
+    """Bitmap bytes worker `me` receives: the other servers' padded bitmaps."""
+    from .cuda_kernels.h0 import server_size
+
+    return sum(bitmap_nbytes(server_size(M, n, s)) for s in range(n) if s != me)
