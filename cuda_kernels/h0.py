@@ -101,10 +101,12 @@ permute_one_gpu, unpermute_one_gpu = _build(cuda.jit(device=True), murmur3_32_gp
 
 # ---- CPU twins --------------------------------------------------------------------------
 
-@numba.njit(cache=True, parallel=True)
+# Serial on purpose: each rank is one process, and several ranks usually share a machine's
+# cores, so threads inside a rank would only oversubscribe them.
+@numba.njit(cache=True)
 def _permute_cpu(units, M, B, keys, inverse):
     out = np.empty_like(units)
-    for i in numba.prange(units.size):
+    for i in range(units.size):
         if inverse:
             out[i] = _unpermute_one_cpu(units[i], M, B, keys)
         else:

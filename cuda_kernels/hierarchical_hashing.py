@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .h0 import domain_bits, launch_1d, partition_cpu, permute_one_gpu
+from .h0 import _permute_one_cpu, domain_bits, launch_1d, permute_one_gpu
 from .murmur import hash64_gpu
 
 EMPTY = -1
@@ -25,23 +25,29 @@ EMPTY = -1
 # ---- CPU twin: stable counting sort by partition ------------------------------------------
 
 @numba.njit(cache=True)
-def _counting_sort(part, n):
+def _group_cpu(units, M, B, n, keys):
+    """One pass computes y = pi(u) (server y mod n, bit y div n); a stable counting sort by
+    server follows."""
+    y = np.empty_like(units)
     counts = np.zeros(n, np.int64)
-    for p in part:
-        counts[p] += 1
+    for i in range(units.size):
+        y[i] = _permute_one_cpu(units[i], M, B, keys)
+        counts[y[i] % n] += 1
     cursor = np.cumsum(counts) - counts  # exclusive prefix sum = start of each block
-    order = np.empty(part.size, np.int64)
-    for i in range(part.size):
-        order[cursor[part[i]]] = i
-        cursor[part[i]] += 1
-    return order, counts
+    order = np.empty(units.size, np.int64)
+    pos = np.empty(units.size, np.int64)
+    for i in range(units.size):
+        p = y[i] % n
+        order[cursor[p]] = i
+        pos[cursor[p]] = y[i] // n
+        cursor[p] += 1
+    return order, counts, pos
 
 
 def group_by_partition_cpu(units, M, n, keys):
     """(order, counts, pos); within a partition, order is ascending input position."""
-    part, pos_in = partition_cpu(units, M, n, keys)
-    order, counts = _counting_sort(part, n)
-    return order, counts, pos_in[order]
+    units = np.ascontiguousarray(units, np.int64)
+    return _group_cpu(units, M, domain_bits(M), n, np.ascontiguousarray(keys, np.int64))
 
 
 # ---- GPU: Algorithm 1 ---------------------------------------------------------------------

@@ -20,12 +20,12 @@ import torch
 
 import zen_hvd
 from zen_hvd import stats, workloads
-from zen_hvd.bench.common import gather, human_bytes, time_calls
+from zen_hvd.bench.common import gather, human_bytes, share_cores, time_calls
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--rows", type=int, default=200_000)
 ap.add_argument("--dim", type=int, default=64)
-ap.add_argument("--tokens", type=int, default=8192, help="token ids per rank per step")
+ap.add_argument("--tokens", type=int, default=32768, help="token ids per rank per step")
 ap.add_argument("--skew", type=float, default=1.05, help="Zipf exponent of the token ids")
 ap.add_argument("--repeats", type=int, default=10)
 args = ap.parse_args()
@@ -33,11 +33,15 @@ args = ap.parse_args()
 zen_hvd.init()
 import horovod.torch as hvd  # noqa: E402
 
+share_cores()
 n, me = hvd.size(), hvd.rank()
 rng = np.random.default_rng([7, me])
-tokens = workloads.zipf_units(rng, args.rows, args.tokens, args.skew)  # this rank's distinct rows
+# A batch of Zipf-distributed token ids; the gradient has one row per distinct id.
+ids = np.minimum(rng.zipf(args.skew, size=args.tokens) - 1, args.rows - 1)
+tokens = np.unique(ids)
 grad_values = torch.from_numpy(workloads.rank_values(tokens, args.dim, me, 7))
-grad = torch.sparse_coo_tensor(torch.from_numpy(tokens).reshape(1, -1), grad_values, (args.rows, args.dim))
+grad = torch.sparse_coo_tensor(torch.from_numpy(tokens).reshape(1, -1), grad_values, (args.rows, args.dim),
+                               check_invariants=True)
 dense = grad.to_dense()
 
 

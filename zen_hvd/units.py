@@ -86,7 +86,8 @@ def from_units(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch
     values = values[torch.from_numpy(order)] if units.size else values
     indices = _delinearize(units, layout.shape[:layout.sparse_dim])
     values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
-    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True,
+                                   check_invariants=False)
 
 
 def _linearize(indices: torch.Tensor, dims) -> np.ndarray:

@@ -22,6 +22,15 @@ def ensure_launched(ranks: int, module: str) -> None:
     os.execvp(cmd[0], cmd)
 
 
+def share_cores() -> None:
+    """Give each local rank its share of the cores: several ranks on one machine, each with
+    torch's default thread pool, oversubscribe the cores and time the spinning, not the sync."""
+    import torch
+    import horovod.torch as hvd
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+
+
 def barrier() -> None:
     import horovod.torch as hvd
 

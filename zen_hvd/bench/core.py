@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from .common import ensure_launched, gather, human_bytes, time_calls
+from .common import ensure_launched, gather, human_bytes, share_cores, time_calls
 
 
 def main():
@@ -43,11 +43,13 @@ def main():
     zen_hvd.init()
     import horovod.torch as hvd
 
+    share_cores()
     n, me, M = hvd.size(), hvd.rank(), args.units
     zen_hvd.set_seed(12345)
     units = workloads.rank_units(M, n, args.density, args.overlap, args.skew, args.seed)[me]
     values = workloads.rank_values(units, 1, me, args.seed)[:, 0]
-    grad = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), (M,))
+    grad = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), (M,),
+                                   check_invariants=True)
 
     sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, transport=args.transport)
     t_sync, recv_bytes, _ = time_calls(sync, args.repeats)
