@@ -9,13 +9,15 @@ units, the same on every rank) unit u belongs to server p = pi(u) mod n at bit j
   3. aggregate: server p sums what it received in rank order 0..n-1 (so every run computes the
      same bits) into its aggregated set I'_p, kept in bitmap order;
   4. Pull (hash bitmap, Algorithm 2): server p sends every worker the bitmap of I'_p over I_p
-     and the aggregated values in bitmap order: one allgatherv;
+     and the aggregated values in bitmap order: one allgatherv (a server whose aggregated set
+     is sparser than 1 in 8 x index bytes sends its positions instead: whichever is smaller);
   5. decode: bit j of server p is unit pi^-1(j n + p).
 Bytes received per worker (exact, besides <= 7 bytes of alignment padding per part):
   Push: sum over other workers i of |I_i^p| (index bytes + D value bytes);
-  Pull: sum over other servers s of bitmap_nbytes(|I_s|) + |I'_s| D value bytes,
+  Pull: sum over other servers s of 8 + min(bitmap_nbytes(|I_s|), |I'_s| index bytes)
+        + |I'_s| D value bytes,
 which is the paper's 2 (n-1)/n (gamma_n + 1) d_G M traffic with the Pull indices replaced by
-M (n-1) / (8 n) bitmap bytes.
+at most M (n-1) / (8 n) bitmap bytes.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch
 from .cuda_kernels import h0, hierarchical_hashing
 from .hash_bitmap import bitmap_nbytes, decode, encode, rank_in_bitmap
 from .header import COUNTS
+from .units import take_units
 
 
 def _pad8(nbytes: int) -> int:
@@ -54,7 +57,7 @@ class BalancedParallelism:
         n, M = transport.size, layout.num_units
         keys = h0.derive_keys(seed)
         order, counts, pos = hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
-        grouped = values.index_select(0, torch.from_numpy(order)) if order.size else values
+        grouped = take_units(values, order)
         return Plan(counts.astype(np.int64), pos.astype(index_dtype(M, n)), grouped, M, keys)
 
     def run(self, plan: Plan, table: np.ndarray, transport):
@@ -115,19 +118,41 @@ class BalancedParallelism:
 
     # -- steps 4 and 5: Pull with the hash bitmap, decode -------------------------------
     def pull(self, plan, bitmap, aggregated, transport):
-        n = transport.size
+        """Server part: [int64 tag = 2 K + format][index part][values, padded]. The index part
+        is the hash bitmap, or, when the aggregated set is so sparse that K positions take
+        fewer bytes than |I_p| bits (gamma d_G < 1/(8 index bytes)), the positions in bitmap order."""
+        n, idx_dtype = transport.size, plan.positions.dtype
         dtype, D = aggregated.dtype, aggregated.shape[1]
         vsz = D * aggregated.element_size()
+        K = aggregated.shape[0]
+        if bitmap.nbytes <= _pad8(K * idx_dtype.itemsize):
+            fmt, index = _BITMAP, bitmap
+        else:
+            fmt, index = _POSITIONS, _padded(decode(bitmap).astype(idx_dtype).view(np.uint8))
         values_bytes = aggregated.contiguous().view(-1).view(torch.uint8)
-        padding = torch.zeros(_pad8(values_bytes.numel()) - values_bytes.numel(), dtype=torch.uint8)
-        payload = torch.cat([torch.from_numpy(bitmap), values_bytes, padding])
+        payload = torch.cat([torch.from_numpy(np.array([2 * K + fmt], np.int64).view(np.uint8)),
+                             torch.from_numpy(index), values_bytes,
+                             torch.zeros(_pad8(values_bytes.numel()) - values_bytes.numel(), dtype=torch.uint8)])
         recv, _ = transport.allgatherv(payload)
         units, values, off = [], [], 0
         for s in range(n):
-            nb = bitmap_nbytes(h0.server_size(plan.num_units, n, s))
-            j = decode(recv[off:off + nb].numpy())
+            tag = int(recv[off:off + 8].numpy().view(np.int64)[0])
+            K_s, off = tag >> 1, off + 8
+            if tag & 1 == _BITMAP:
+                nb = bitmap_nbytes(h0.server_size(plan.num_units, n, s))
+                j = decode(recv[off:off + nb].numpy())
+            else:
+                nb = _pad8(K_s * idx_dtype.itemsize)
+                j = recv[off:off + K_s * idx_dtype.itemsize].numpy().view(idx_dtype).astype(np.int64)
             off += nb
-            values.append(recv[off:off + j.size * vsz].view(dtype).reshape(j.size, D))
-            off += _pad8(j.size * vsz)
+            values.append(recv[off:off + K_s * vsz].view(dtype).reshape(K_s, D))
+            off += _pad8(K_s * vsz)
             units.append(h0.units_of_cpu(s, j, plan.num_units, n, plan.keys))
         return units, values
+
+
+_BITMAP, _POSITIONS = 0, 1
+
+
+def _padded(b: np.ndarray) -> np.ndarray:
+    return np.concatenate([b, np.zeros(_pad8(b.size) - b.size, np.uint8)])

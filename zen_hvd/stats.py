@@ -24,14 +24,17 @@ def pull_imbalance(pull_counts: np.ndarray) -> float:
 
 
 def balanced_bytes_formula(M: int, n: int, d_G: float, gamma: float, D: int,
-                           value_bytes: int, index_bytes: int, bitmap: bool = True) -> dict:
+                           value_bytes: int, index_bytes: int, pull_index: str = "zen") -> dict:
     """Bytes one worker receives with balanced parallelism (PAPER.md equation (1), in bytes):
     Push (n-1)/n d_G M (index + D value bytes); Pull (n-1)/n gamma d_G M D value bytes plus
-    either the hash bitmaps (n-1)/n M/8 bytes or COO indices (n-1)/n gamma d_G M index bytes."""
+    the Pull indices: "bitmap" (n-1)/n M/8 bytes, "coo" (n-1)/n gamma d_G M index bytes, or
+    "zen" the smaller of the two (what BalancedParallelism sends)."""
     f = (n - 1) / n
     push = f * d_G * M * (index_bytes + D * value_bytes)
     pull_values = f * gamma * d_G * M * D * value_bytes
-    pull_index = f * M / 8 if bitmap else f * gamma * d_G * M * index_bytes
+    options = dict(bitmap=f * M / 8, coo=f * gamma * d_G * M * index_bytes)
+    options["zen"] = min(options.values())
+    pull_index = options[pull_index]
     return dict(push=push, pull=pull_values + pull_index, pull_index=pull_index,
                 total=push + pull_values + pull_index)
 

@@ -60,7 +60,7 @@ def to_units(tensor: torch.Tensor, layout: Layout):
                 (idx >= torch.tensor(layout.shape[:layout.sparse_dim]).unsqueeze(1)).any())):
             bad = _first_out_of_range(idx, layout.shape[:layout.sparse_dim])
             return None, None, INDEX_OUT_OF_RANGE, bad
-        t = tensor.coalesce()  # sums duplicates
+        t = tensor if tensor.is_coalesced() else tensor.coalesce()  # sums duplicates
         units = _linearize(t.indices(), layout.shape[:layout.sparse_dim])
         values = t.values().reshape(-1, D)
     else:
@@ -81,13 +81,33 @@ def from_units(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch
         if units.size:
             out[torch.from_numpy(units)] = values
         return out.reshape(layout.shape)
-    order = np.argsort(units, kind="stable")
+    order = _ascending_order(units)
     units = units[order]
-    values = values[torch.from_numpy(order)] if units.size else values
+    values = take_units(values, order)
     indices = _delinearize(units, layout.shape[:layout.sparse_dim])
     values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
     return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True,
                                    check_invariants=False)
+
+
+def take_units(values: torch.Tensor, order: np.ndarray) -> torch.Tensor:
+    """values[order] for [nnz, D] values (a 1-D gather when D == 1: several times faster)."""
+    if order.size == 0:
+        return values[:0]
+    idx = torch.from_numpy(order)
+    if values.shape[1] == 1:
+        return values.reshape(-1).index_select(0, idx).reshape(-1, 1)
+    return values.index_select(0, idx)
+
+
+def _ascending_order(units: np.ndarray) -> np.ndarray:
+    """argsort of unique units. When unit and position fit together in 63 bits, sorting the
+    packed keys (unit << b | position) is several times faster than an argsort."""
+    b = max(1, int(units.size - 1).bit_length())
+    if units.size == 0 or int(units.max()) >= 1 << (63 - b):
+        return np.argsort(units)
+    packed = np.sort((units << b) | np.arange(units.size, dtype=np.int64))
+    return packed & ((1 << b) - 1)
 
 
 def _linearize(indices: torch.Tensor, dims) -> np.ndarray:

@@ -129,23 +129,33 @@ nan_inputs[n - 1][4, 2] = float("inf")
 out = check("nan_inf", nan_inputs)
 assert torch.isnan(out[3, 1]) and torch.isinf(out[4, 2]) or n == 1 and torch.isinf(out[4, 2])
 
-# -- byte counters: conservation over ranks, and the balanced formula ----------------------
-zen_hvd.reset_comm_stats()
-inputs = rows(4000, 8, 0.05, 0.4, 1.0, 10)
-check("bytes", inputs)
-stats = zen_hvd.comm_stats()
-tr = runtime.get_transport(T)
-table = tr.allgather_int64([stats["bytes_sent"], stats["bytes_received"]])
-assert table[:, 0].sum() == table[:, 1].sum(), f"bytes sent != received over ranks: {table}"
-info = zen_hvd.last_sync
-push_from = info["push_counts"][:, me]
-expected = sum(((c * 4 + 7) // 8 * 8) + c * 32 for r, c in enumerate(push_from) if r != me)
+# -- byte counters ---------------------------------------------------------------------------
 from zen_hvd.cuda_kernels import h0  # noqa: E402
 from zen_hvd.hash_bitmap import bitmap_nbytes  # noqa: E402
-expected += sum(bitmap_nbytes(h0.server_size(4000, n, s)) + k * 32
-                for s, k in enumerate(info["pull_counts"]) if s != me)
-assert stats["bytes_received"] == expected, (stats, expected)
-assert sum(info["pull_counts"]) == len(np.unique(np.concatenate([t.coalesce().indices()[0].numpy() for t in inputs])))
+pad8 = lambda x: (x + 7) // 8 * 8  # noqa: E731
+tr = runtime.get_transport(T)
+
+
+def check_bytes(name, M, density):
+    """Counters: conservation over ranks, and the exact sizes of Push and Pull (indices as int32,
+    8 float32 values per row; Pull index part = the smaller of bitmap and positions)."""
+    zen_hvd.reset_comm_stats()
+    inputs = rows(M, 8, density, 0.4, 1.0, 10)
+    check(name, inputs)
+    stats = zen_hvd.comm_stats()
+    table = tr.allgather_int64([stats["bytes_sent"], stats["bytes_received"]])
+    assert table[:, 0].sum() == table[:, 1].sum(), f"bytes sent != received over ranks: {table}"
+    info = zen_hvd.last_sync
+    expected = sum(pad8(c * 4) + c * 32 for r, c in enumerate(info["push_counts"][:, me]) if r != me)
+    expected += sum(8 + min(bitmap_nbytes(h0.server_size(M, n, s)), pad8(k * 4)) + k * 32
+                    for s, k in enumerate(info["pull_counts"]) if s != me)
+    assert stats["bytes_received"] == expected, (name, stats, expected)
+    union = np.unique(np.concatenate([t.coalesce().indices()[0].numpy() for t in inputs]))
+    assert sum(info["pull_counts"]) == union.size
+
+
+check_bytes("bytes_bitmap", 4000, 0.05)        # dense enough that Pull sends hash bitmaps
+check_bytes("bytes_positions", 200_000, 0.001)  # so sparse that Pull sends positions
 
 # -- bad input: the same clear error on every rank, and the next sync still works ----------
 good = rows(100, 4, 0.1, 0.5, 0.0, 11)

@@ -49,7 +49,7 @@ def main():
     units = workloads.rank_units(M, n, args.density, args.overlap, args.skew, args.seed)[me]
     values = workloads.rank_values(units, 1, me, args.seed)[:, 0]
     grad = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), (M,),
-                                   check_invariants=True)
+                                   check_invariants=True).coalesce()
 
     sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, transport=args.transport)
     t_sync, recv_bytes, _ = time_calls(sync, args.repeats)
@@ -61,8 +61,8 @@ def main():
     nnz = info["nnz"].astype(float)
     d_G = nnz.mean() / M
     gamma = info["pull_counts"].sum() / nnz.mean()
-    f = stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4)
-    coo = stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4, bitmap=False)
+    f, coo, bm = (stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4,
+                                               pull_index=kind) for kind in ("zen", "coo", "bitmap"))
 
     # CPU partition throughput: Zen's h0 + counting sort against torch.sort of partition ids.
     keys = h0.derive_keys(12345)
@@ -96,12 +96,13 @@ def main():
     for r, b in enumerate(recv):
         print(f"    rank {r}: {b:,.0f} B ({human_bytes(b)})")
     err = (recv.mean() - f["total"]) / f["total"]
-    print(f"  formula (1) with hash bitmap: {f['total']:,.0f} B per rank "
-          f"(Push {f['push']:,.0f} + Pull {f['pull']:,.0f}, of which bitmaps {f['pull_index']:,.0f})")
+    print(f"  formula (1), Pull indices as Zen sends them: {f['total']:,.0f} B per rank "
+          f"(Push {f['push']:,.0f} + Pull {f['pull']:,.0f}, of which indices {f['pull_index']:,.0f})")
     print(f"  measured mean / formula: {recv.mean() / f['total']:.4f} (error {err:+.2%}, goal within 2%); "
           f"max rank / formula {recv.max() / f['total']:.4f}")
-    print(f"  with COO indices in Pull instead: {coo['total']:,.0f} B per rank; the hash bitmap saves "
-          f"{coo['pull_index'] - f['pull_index']:,.0f} B ({(coo['total'] - f['total']) / coo['total']:.1%} of the total)")
+    for label, other in (("COO indices", coo), ("hash bitmaps only", bm)):
+        print(f"  Pull with {label}: {other['total']:,.0f} B per rank; Zen saves "
+              f"{other['total'] - f['total']:,.0f} B ({(other['total'] - f['total']) / other['total']:.1%})")
     print(f"  CPU partition of {units.size:,} units: Zen h0 + counting sort {units.size / t_zen / 1e6:.1f} M units/s, "
           f"torch.sort of precomputed partition ids {units.size / t_sort / 1e6:.1f} M units/s "
           f"(ratio {t_sort / t_zen:.2f}x)")
