@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--transport", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--denser", type=lambda x: [float(v) for v in x.split(",") if v], default=[0.05, 0.2],
+                    help="extra densities at which to show the hash bitmap's saving")
     args = ap.parse_args()
     ensure_launched(args.ranks, "zen_hvd.bench.core")
 
@@ -64,16 +66,15 @@ def main():
     f, coo, bm = (stats.balanced_bytes_formula(M, n, d_G, gamma, D=1, value_bytes=4, index_bytes=4,
                                                pull_index=kind) for kind in ("zen", "coo", "bitmap"))
 
-    # CPU partition throughput: Zen's h0 + counting sort against torch.sort of partition ids.
+    # CPU partition throughput: Zen's fused h0 + counting sort, against computing the same
+    # partition ids with h0 and grouping them with torch.sort (stable) + bincount.
     keys = h0.derive_keys(12345)
-    part, _ = h0.partition_cpu(units, M, n, keys)
-    part_t = torch.from_numpy(part)
     def zen_partition():
         hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
     def torch_sort_partition():
-        order = torch.sort(part_t, stable=True).indices
-        torch.bincount(part_t, minlength=n)
-        return order
+        part = torch.from_numpy(h0.partition_cpu(units, M, n, keys)[0])
+        torch.sort(part, stable=True)
+        torch.bincount(part, minlength=n)
     def median_time(fn, reps=20):
         fn()
         ts = []
@@ -81,6 +82,19 @@ def main():
             t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
     t_zen, t_sort = median_time(zen_partition), median_time(torch_sort_partition)
+
+    # The hash bitmap's saving grows with the aggregated density gamma d_G: a few denser runs.
+    denser = []
+    for d in args.denser:
+        u = workloads.rank_units(M, n, d, args.overlap, args.skew, args.seed + 1)[me]
+        v = torch.from_numpy(workloads.rank_values(u, 1, me, args.seed)[:, 0])
+        g = torch.sparse_coo_tensor(torch.from_numpy(u).reshape(1, -1), v, (M,), check_invariants=True).coalesce()
+        _, b, _ = time_calls(lambda: zen_hvd.sparse_allreduce(g, name=f"bench.core.{d}", op=zen_hvd.Sum,
+                                                              transport=args.transport), 2, warmup=1)
+        s = zen_hvd.last_sync
+        gam = s["pull_counts"].sum() / s["nnz"].mean()
+        denser.append((d, gam, gather([b])) + tuple(
+            stats.balanced_bytes_formula(M, n, d, gam, 1, 4, 4, pull_index=k)["total"] for k in ("coo", "bitmap")))
 
     rows = gather([recv_bytes, t_sync, units.size])
     if me != 0:
@@ -103,9 +117,14 @@ def main():
     for label, other in (("COO indices", coo), ("hash bitmaps only", bm)):
         print(f"  Pull with {label}: {other['total']:,.0f} B per rank; Zen saves "
               f"{other['total'] - f['total']:,.0f} B ({(other['total'] - f['total']) / other['total']:.1%})")
-    print(f"  CPU partition of {units.size:,} units: Zen h0 + counting sort {units.size / t_zen / 1e6:.1f} M units/s, "
-          f"torch.sort of precomputed partition ids {units.size / t_sort / 1e6:.1f} M units/s "
-          f"(ratio {t_sort / t_zen:.2f}x)")
+    print("  Pull index format at higher densities (measured bytes per rank, mean):")
+    for d, gam, rows_d, coo_b, bm_b in denser:
+        got = np.mean([r[0] for r in rows_d])
+        print(f"    density {d:.0%}: gamma {gam:.2f}, measured {got:,.0f} B; with COO Pull indices {coo_b:,.0f} B "
+              f"-> saving {(coo_b - got) / coo_b:.1%}; bitmap-only formula {bm_b:,.0f} B")
+    print(f"  CPU partition of {units.size:,} units (median of 20): Zen h0 + counting sort "
+          f"{units.size / t_zen / 1e6:.1f} M units/s; h0 + torch.sort + bincount "
+          f"{units.size / t_sort / 1e6:.1f} M units/s (Zen {t_sort / t_zen:.2f}x faster)")
     nbits = h0.server_size(M, n, 0)
     print(f"  memory Zen keeps per tensor: {keys.nbytes} B (h0's Feistel keys; no I_p table — a table "
           f"would hold M int64 = {human_bytes(M * 8)})")
