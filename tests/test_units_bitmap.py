@@ -1,0 +1,94 @@
+"""Single-process tests of the pieces under the sync: units, hash bitmap, header checks."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zen_hvd import hash_bitmap, header, stats, units
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbits=st.integers(0, 2000), data=st.data())
+def test_bitmap_round_trip_and_rank(nbits, data):
+    pos = np.array(data.draw(st.lists(st.integers(0, max(nbits - 1, 0)), max_size=300)) if nbits else [],
+                   dtype=np.int64)
+    bitmap = hash_bitmap.encode(pos, nbits)
+    assert bitmap.nbytes == hash_bitmap.bitmap_nbytes(nbits) and bitmap.nbytes % 8 == 0
+    expected = np.unique(pos)
+    np.testing.assert_array_equal(hash_bitmap.decode(bitmap), expected)
+    # little-endian bit order, as numpy's unpackbits(bitorder="little") reads it
+    np.testing.assert_array_equal(np.flatnonzero(np.unpackbits(bitmap, bitorder="little")), expected)
+    np.testing.assert_array_equal(hash_bitmap.rank_in_bitmap(bitmap, pos), np.searchsorted(expected, pos))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2 ** 40), unique=True, max_size=500))
+def test_ascending_order_is_argsort(values):
+    u = np.array(values, dtype=np.int64)
+    np.testing.assert_array_equal(units._ascending_order(u), np.argsort(u, kind="stable"))
+
+
+def test_large_units_fall_back_to_argsort():
+    u = np.array([2 ** 62 - 1, 5, 2 ** 61], dtype=np.int64)
+    np.testing.assert_array_equal(units._ascending_order(u), [1, 2, 0])
+
+
+@pytest.mark.parametrize("make, sparse_dim, M, D", [
+    (lambda: torch.zeros(10, 4), 1, 10, 4),                                  # dense 2-D: rows
+    (lambda: torch.zeros(10), 1, 10, 1),                                     # dense 1-D: elements
+    (lambda: torch.zeros(2, 3, 4), 3, 24, 1),                                # dense 3-D: elements
+    (lambda: torch.zeros(10, 4).to_sparse(1), 1, 10, 4),                     # hybrid row-sparse
+    (lambda: torch.zeros(10, 4).to_sparse(), 2, 40, 1),                      # element-sparse
+    (lambda: torch.zeros(5, 6, 7).to_sparse(2), 2, 30, 7),                   # hybrid 3-D
+])
+def test_layout_rules(make, sparse_dim, M, D):
+    lay = units.layout_of(make())
+    assert (lay.sparse_dim, lay.num_units, lay.unit_size) == (sparse_dim, M, D)
+
+
+def test_units_round_trip_sums_duplicates_and_keeps_nan():
+    t = torch.sparse_coo_tensor(torch.tensor([[4, 1, 4]]), torch.tensor([[1.0, 2], [3, 4], [5, float("nan")]]), (6, 2),
+                                check_invariants=True)
+    lay = units.layout_of(t)
+    u, v, err, _ = units.to_units(t, lay)
+    assert err == units.OK and u.tolist() == [1, 4]
+    assert torch.equal(v[0], torch.tensor([3.0, 4])) and v[1, 0] == 6 and torch.isnan(v[1, 1])
+    back = units.from_units(lay, u[::-1].copy(), v.flip(0))
+    assert back.is_coalesced() and torch.allclose(back.to_dense(), t.to_dense(), equal_nan=True)
+    dense = torch.zeros(5, 3)
+    dense[2, 1] = float("inf")
+    u, v, _, _ = units.to_units(dense, units.layout_of(dense))
+    assert u.tolist() == [2] and torch.isinf(v[0, 1])
+
+
+def test_out_of_range_index_is_reported():
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 7]]), torch.ones(2), (5,), check_invariants=False)
+    _, _, err, detail = units.to_units(t, units.layout_of(t))
+    assert err == units.INDEX_OUT_OF_RANGE and detail == 7
+
+
+def _table(rows):
+    return np.stack(rows)
+
+
+def test_header_mismatch_messages_name_tensor_and_ranks():
+    a = units.layout_of(torch.zeros(10, 4))
+    b = units.layout_of(torch.zeros(10, 5))
+    ok = header.make_header("emb", a, 1, 42, 0, units.OK, 0, 3, [1, 2])
+    header.check_table("emb", _table([ok, ok]))
+    with pytest.raises(header.TensorMismatchError, match=r"'emb'.*shape differs.*rank 0: \(10, 4\), rank 1: \(10, 5\)"):
+        header.check_table("emb", _table([ok, header.make_header("emb", b, 1, 42, 0, units.OK, 0, 3, [1, 2])]))
+    with pytest.raises(header.TensorMismatchError, match="seed differs"):
+        header.check_table("emb", _table([ok, header.make_header("emb", a, 1, 43, 0, units.OK, 0, 3, [1, 2])]))
+    with pytest.raises(header.TensorMismatchError, match="different tensors"):
+        header.check_table("emb", _table([ok, header.make_header("other", a, 1, 42, 0, units.OK, 0, 3, [1, 2])]))
+    bad = header.make_header("emb", a, 1, 42, 0, units.INDEX_OUT_OF_RANGE, 99, 3, [0, 0])
+    with pytest.raises(header.InvalidTensorError, match="rank 1 has a sparse index out of range.*99"):
+        header.check_table("emb", _table([ok, bad]))
+
+
+def test_imbalance_ratios():
+    assert stats.push_imbalance(np.array([[5, 5], [2, 6]])) == pytest.approx(1.5)
+    assert stats.pull_imbalance(np.array([10, 30])) == pytest.approx(1.5)
+    assert stats.push_imbalance(np.zeros((2, 2), np.int64)) == 1.0
