@@ -17,3 +17,9 @@ def test_sync_cases_horovodrun_gloo():
     # No MPI job: the default transport must be Horovod's collectives.
     proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)
     assert "all cases passed" in proc.stdout and "horovod transport" in proc.stdout
+
+
+def test_gpu_partitioner_in_real_syncs_under_cuda_simulator():
+    proc = mpirun(2, "gpu_partition_cases.py",
+                  env={"NUMBA_ENABLE_CUDASIM": "1", "ZEN_HVD_PARTITIONER": "gpu"})
+    assert "all cases passed" in proc.stdout

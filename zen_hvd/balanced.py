@@ -22,6 +22,7 @@ at most M (n-1) / (8 n) bitmap bytes.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import torch
@@ -30,6 +31,15 @@ from .cuda_kernels import h0, hierarchical_hashing
 from .hash_bitmap import bitmap_nbytes, decode, encode, rank_in_bitmap
 from .header import COUNTS
 from .units import take_units
+
+
+def partitioner(layout) -> str:
+    """"gpu" (hierarchical hashing kernel) or "cpu" (counting sort): ZEN_HVD_PARTITIONER if
+    set, else where the tensor lives. Both give the same units per server."""
+    choice = os.environ.get("ZEN_HVD_PARTITIONER") or ("gpu" if layout.device_type == "cuda" else "cpu")
+    if choice not in ("gpu", "cpu"):
+        raise ValueError(f"ZEN_HVD_PARTITIONER must be 'gpu' or 'cpu', not {choice!r}")
+    return choice
 
 
 def _pad8(nbytes: int) -> int:
@@ -56,7 +66,11 @@ class BalancedParallelism:
     def plan(self, units, values, layout, transport, seed) -> Plan:
         n, M = transport.size, layout.num_units
         keys = h0.derive_keys(seed)
-        order, counts, pos = hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
+        if partitioner(layout) == "gpu":  # Algorithm 1 on the GPU (or the CUDA simulator)
+            seeds = h0.second_level_seeds(seed, transport.rank, 3)
+            order, counts, pos = hierarchical_hashing.group_by_partition_gpu(units, M, n, keys, seeds)
+        else:                             # its CPU twin: a stable counting sort
+            order, counts, pos = hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
         grouped = take_units(values, order)
         return Plan(counts.astype(np.int64), pos.astype(index_dtype(M, n)), grouped, M, keys)
 

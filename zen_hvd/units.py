@@ -31,6 +31,7 @@ class Layout:
     sparse_dim: int       # dims folded into the unit index
     num_units: int        # M
     unit_size: int        # D: values per unit
+    device_type: str = "cpu"  # where the input lives ("cuda": partition with the GPU kernel)
 
 
 def layout_of(tensor: torch.Tensor, unit: str | None = None) -> Layout:
@@ -46,7 +47,7 @@ def layout_of(tensor: torch.Tensor, unit: str | None = None) -> Layout:
     else:
         raise ValueError(f"unit must be 'row', 'element' or None, not {unit!r}")
     return Layout(shape, tensor.dtype, tensor.layout == torch.sparse_coo, sparse_dim,
-                  math.prod(shape[:sparse_dim]), math.prod(shape[sparse_dim:]))
+                  math.prod(shape[:sparse_dim]), math.prod(shape[sparse_dim:]), tensor.device.type)
 
 
 def to_units(tensor: torch.Tensor, layout: Layout):
