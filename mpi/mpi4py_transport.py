@@ -55,3 +55,11 @@ class Mpi4pyTransport(Transport):
             raise TypeError(f"mpi4py transport cannot sum {t.dtype}; use the horovod transport")
         self.comm.Allreduce(self._MPI.IN_PLACE, t.numpy())
         return t
+
+    def _sendrecv(self, send, peer, recv_count):
+        recv = torch.empty(recv_count, dtype=torch.uint8)
+        if peer is not None:
+            B = self._MPI.BYTE
+            self.comm.Sendrecv([send.numpy(), B], dest=peer, sendtag=77,
+                               recvbuf=[recv.numpy(), B], source=peer, recvtag=77)
+        return recv

@@ -105,6 +105,25 @@ class Transport:
         self.stats.add(moved, moved)
         return out
 
+    def _sendrecv(self, send: torch.Tensor, peer, recv_count: int) -> torch.Tensor:
+        """Default: an alltoallv in which this rank's only non-empty part goes to `peer`."""
+        send_counts = [0] * self.size
+        recv_counts = [0] * self.size
+        if peer is not None:
+            send_counts[peer], recv_counts[peer] = send.numel(), recv_count
+        return self._alltoallv(send, send_counts, recv_counts)
+
+    def sendrecv(self, send: torch.Tensor, peer, recv_count: int, control: bool = False) -> torch.Tensor:
+        """Point-to-point step of a hierarchy: send `send` to `peer` and receive `recv_count`
+        bytes from it (peer None: this rank sits the step out). Every rank of the set calls it
+        at the same step (the fallback is a collective alltoallv with one non-empty part)."""
+        assert send.dtype == torch.uint8
+        if peer is None:
+            send, recv_count = send[:0], 0
+        out = self._sendrecv(send, peer, int(recv_count))
+        self.stats.add(send.numel(), int(recv_count), control=control)
+        return out
+
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Rank `root`'s integer, on every rank."""
         return int(self.allgather_int64([int(value)])[root, 0])

@@ -1,0 +1,118 @@
+"""scheme="auto": pick balanced parallelism or hierarchical centralization per tensor
+(PAPER.md section 2.3: "Zen profiles the first iterations and picks by comparing (1) and (2)").
+
+Per tensor name, every sync feeds a profile with numbers every rank has bitwise alike (so every
+rank makes the same choice without an extra message):
+  - d_G = mean nnz / M, from the allgathered header table;
+  - gamma_n = |I| / mean nnz, |I| being the size of the aggregated union, which every scheme
+    returns identically on all ranks (balanced: sum of the Pull counts);
+  - gamma_{2^(i-1)} for the stages of hierarchical centralization, measured when that scheme
+    runs on a check sync (one allgather of log2 n + 1 integers, control bytes).
+Estimator for the gamma_m not measured (documented here, tested in tests/test_costmodel.py):
+every worker's set is taken as k = mean nnz units drawn at random from an effective universe
+of U units, E|I_m| = U (1 - (1 - k/U)^m); U is solved from the measured |I_n| (U = M is the
+independence model d_m = 1 - (1 - d)^m; U = k means identical sets; U -> inf disjoint sets).
+
+Costs (bytes one worker receives; time = bytes / b, b cancels) with the wire formats' real sizes
+(costmodel.py): eq. (1) for balanced with COO Push and hash-bitmap-or-positions Pull, eq. (2)
+for hierarchical with positions-or-bitmap sets, and dense AllReduce 2 (n-1)/n M D v as a third
+candidate (it wins when tensors are nearly dense, where Theorem 1's COO analysis does not look).
+Schedule: call 0 runs balanced (reveals d_G and gamma_n); the choice is made after calls 1 and
+2 and re-checked every ZEN_HVD_AUTO_RECHECK (default 100) calls of the tensor. Every choice is
+logged on logger "zen_hvd.auto" and kept in scheme_choices().
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import numpy as np
+
+from . import costmodel
+from .header import COL
+
+log = logging.getLogger("zen_hvd.auto")
+FIRST = "balanced"
+CANDIDATES = ("balanced", "hierarchical", "allreduce")
+
+
+@dataclasses.dataclass
+class Profile:
+    calls: int = 0
+    scheme: str = FIRST
+    d_G: float = 0.0
+    gamma_n: float = 1.0
+    stage_gammas: list | None = None     # measured gamma_{2^(i-1)}, i = 1..log2 p
+    predicted: dict = dataclasses.field(default_factory=dict)
+    decided_at: int = -1
+
+
+_profiles: dict = {}
+
+
+def recheck_every() -> int:
+    return max(1, int(os.environ.get("ZEN_HVD_AUTO_RECHECK", "100")))
+
+
+def choose(name: str) -> str:
+    """The concrete scheme for this call of tensor `name` (the same on every rank)."""
+    return _profiles.get(name, Profile()).scheme
+
+
+def is_check_call(calls: int) -> bool:
+    return calls in (1, 2) or calls % recheck_every() == 0
+
+
+def observe(name, scheme, layout, table, info, transport) -> None:
+    """After a sync of `name` with `scheme`: update the profile; on a check call, decide."""
+    prof = _profiles.setdefault(name, Profile())
+    prof.calls += 1
+    n, M = transport.size, layout.num_units
+    k = float(table[:, COL["nnz"]].mean())
+    prof.d_G = k / M if M else 0.0
+    union = info.get("union_size")
+    if union is None and "pull_counts" in info:      # balanced: the servers' aggregated sets
+        union = int(np.sum(info["pull_counts"]))
+    if union is not None and k > 0:
+        prof.gamma_n = union / k
+    if not is_check_call(prof.calls):
+        return
+    if scheme == "hierarchical" and n > 1:
+        prof.stage_gammas = _measured_stage_gammas(info, transport, k)
+    import torch
+
+    vbytes = torch.empty(0, dtype=layout.dtype).element_size() * layout.unit_size
+    prof.predicted = costmodel.predict_bytes(n, M, prof.d_G, costmodel.gamma_curve(
+        n, k, prof.gamma_n, prof.stage_gammas), vbytes, CANDIDATES)
+    best = min(CANDIDATES, key=lambda s: (prof.predicted[s], CANDIDATES.index(s)))
+    if best != prof.scheme or prof.decided_at < 0:
+        log.info("zen_hvd auto: tensor %r on %d ranks -> %s (d_G=%.4g, gamma_n=%.3g, predicted "
+                 "bytes received per worker: %s)", name, n, best, prof.d_G, prof.gamma_n,
+                 ", ".join(f"{s} {prof.predicted[s]:.3g}" for s in CANDIDATES))
+    prof.scheme, prof.decided_at = best, prof.calls
+
+
+def _measured_stage_gammas(info, transport, k):
+    """Mean over the hierarchy's groups of |union entering stage i| / k (ranks that sit the
+    stages out send -1)."""
+    sizes = np.asarray(info.get("stage_sizes", []), np.int64)
+    p = 1 << (transport.size.bit_length() - 1)
+    stages = p.bit_length()                      # log2 p + 1 entries (after the last stage too)
+    row = np.full(stages, -1, np.int64)
+    row[:sizes.size] = sizes[:stages]
+    table = transport.allgather_int64(row)
+    table = table[table[:, 0] >= 0]
+    return [float(table[:, i].mean()) / k for i in range(stages - 1)] if k > 0 else None
+
+
+def scheme_choices() -> dict:
+    """Per tensor name: the scheme auto uses now and the numbers it chose it by."""
+    return {name: dict(scheme=p.scheme, calls=p.calls, d_G=p.d_G, gamma_n=p.gamma_n,
+                       stage_gammas=p.stage_gammas, predicted_bytes=dict(p.predicted),
+                       decided_at_call=p.decided_at)
+            for name, p in _profiles.items()}
+
+
+def reset() -> None:
+    _profiles.clear()
