@@ -1,0 +1,18 @@
+"""zen_hvd.DistributedOptimizer on real ranks, against horovod.torch.DistributedOptimizer and a
+one-process reference: 2 and 4 ranks under mpirun (mpi4py transport) and horovodrun --gloo
+(Horovod transport). The cases are in tests/mpi/optimizer_cases.py."""
+import pytest
+
+from conftest import horovodrun_gloo, mpirun
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_optimizer_cases_mpirun(ranks):
+    proc = mpirun(ranks, "optimizer_cases.py", timeout=300)
+    assert f"all cases passed (15 cases, {ranks} ranks, mpi, transport mpi4py)" in proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_optimizer_cases_horovodrun_gloo(ranks):
+    proc = horovodrun_gloo(ranks, "optimizer_cases.py", timeout=300)
+    assert f"all cases passed (15 cases, {ranks} ranks, gloo, transport horovod)" in proc.stdout

@@ -1,0 +1,397 @@
+"""DistributedOptimizer: Horovod's, with sparse gradients synchronized by Zen.
+
+    opt = zen_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+Same arguments, defaults, errors and semantics as `horovod.torch.DistributedOptimizer`
+(0.28.1), plus keyword-only Zen options. The wrapper is, like Horovod's, a dynamic subclass of
+the user's optimizer class carrying Horovod's `_DistributedOptimizer` methods; the methods
+below extend them and call into them, so dense gradients take exactly Horovod's path
+(grouping and fusion, compression, gradient_predivide_factor, process sets, error texts).
+
+Which gradients go where:
+  - Zen parameters (sparse_params): sync with zen_hvd.sparse_allreduce, one row per unit.
+    By default the weights of nn.Embedding / nn.EmbeddingBag modules: with sparse=True their
+    gradients are torch sparse; with sparse=False they are dense but sparse by nature, and the
+    rows sent are the ones the module looked up in forward (recorded by a forward hook when the
+    module is the weight's only holder; otherwise the non-zero rows are found by a scan), and
+    the synchronized rows are written back into the dense .grad.
+  - Every other gradient: Horovod's allreduce. sparse_as_dense=True sends everything there.
+
+Ordering. A Zen sync is a collective that every rank must issue in the same order. One worker
+thread per step walks the Zen parameters in a fixed order (reverse registration order, the
+order backward usually produces them), waiting for each parameter's backward hook; so the sync
+of a gradient overlaps the rest of backward. synchronize() marks the parameters that got no
+gradient on this rank as ready (they sync an empty gradient), so every rank syncs every Zen
+parameter every step, whatever its forward did. Errors raised in the worker (the same on every
+rank: the header check in sync.py) are re-raised by synchronize() / step().
+
+Op and scaling, as Horovod's: Average divides the sum by the process set's size; with
+gradient_predivide_factor f, values are scaled by 1/f before the sum and by f/size after.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+
+import torch
+from horovod.torch.compression import Compression
+from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set, rocm_built
+from horovod.torch.optimizer import DistributedOptimizer as _horovod_distributed_optimizer
+from horovod.torch.optimizer import _DistributedOptimizer
+
+from . import runtime
+from .header import TensorMismatchError
+from .mpi import select
+from .sync import SCHEMES, sparse_allreduce
+
+_EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+# Horovod's texts for the same two misuses (horovod/torch/optimizer.py), so users see one message.
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call "
+                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before "
+                   "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                   "cause a race condition.")
+
+
+class _ZenParam:
+    """What the optimizer knows about one Zen parameter: its name, whether its gradient is
+    torch sparse, and (when a lone sparse=False embedding owns it) the rows looked up."""
+
+    def __init__(self, name, param, sparse_grad, tracker):
+        self.name, self.param, self.sparse_grad = name, param, sparse_grad
+        self.looked_up = [] if tracker is not None else None
+        self.hook = tracker.register_forward_hook(self._record) if tracker is not None else None
+
+    def _record(self, module, inputs, output):
+        if torch.is_grad_enabled():
+            self.looked_up.append(inputs[0].detach().reshape(-1))
+
+    def rows(self, grad):
+        """Rows to send: the looked-up rows when recorded, else those holding a non-zero."""
+        if self.looked_up:
+            return torch.unique(torch.cat(self.looked_up)).to(grad.device)
+        flat = grad.reshape(grad.shape[0], -1)
+        return torch.nonzero(flat.ne(0).any(dim=1)).reshape(-1)
+
+
+class _ZenWorker:
+    """One step's Zen syncs, in a fixed order, on a background thread."""
+
+    def __init__(self, zen_params, op, predivide, scheme, transport, process_set, early, profile):
+        self.order = zen_params
+        self.op, self.predivide, self.scheme = op, predivide, scheme
+        self.transport, self.process_set = transport, process_set
+        self.early = early  # start syncing from the backward hooks (False: at synchronize())
+        self.profile = {zp.name: dict(syncs=0, seconds=0.0, bytes_sent=0, bytes_received=0,
+                                      rows=0, density=0.0, union_density=0.0)
+                        for zp in zen_params} if profile else None
+        self.size = process_set.size() if process_set is not None else None
+        self._new_round()
+
+    def _new_round(self):
+        self.ready = {zp: threading.Event() for zp in self.order}
+        self.touched = set()
+        self.results, self.error, self.thread = {}, None, None
+
+    def mark_ready(self, zp):
+        self.ready[zp].set()
+        if self.early:
+            self._start()
+
+    def _start(self):
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="zen_hvd.optimizer", daemon=True)
+            self.thread.start()
+
+    def _run(self):
+        try:
+            for zp in self.order:
+                self.ready[zp].wait()
+                self.results[zp] = self._sync(zp)
+        except BaseException as e:  # re-raised by finish(), on every rank alike
+            self.error = e
+
+    def _sync(self, zp):
+        p, grad = zp.param, zp.param.grad
+        if grad is not None and grad.is_sparse and grad.sparse_dim() == 1:
+            sent = grad
+        else:
+            if grad is None:
+                rows = torch.zeros(0, dtype=torch.int64, device=p.device)
+                values = p.detach().new_zeros((0,) + tuple(p.shape[1:]))
+            else:
+                grad = grad.to_dense() if grad.is_sparse else grad
+                rows = zp.rows(grad)
+                values = grad.index_select(0, rows)
+            sent = torch.sparse_coo_tensor(rows.reshape(1, -1), values, tuple(p.shape),
+                                           is_coalesced=True, check_invariants=False)
+        op = self.op
+        if self.predivide != 1.0:  # Horovod's pre/postscale split of the average
+            sent, op = sent * (1.0 / self.predivide), Sum
+        t0 = time.perf_counter()
+        before = runtime.comm_stats() if self.profile is not None else None
+        out = sparse_allreduce(sent, name=zp.name, op=op, scheme=self.scheme,
+                               transport=self.transport, process_set=self.process_set)
+        if self.predivide != 1.0:
+            out = out * (self.predivide / self._set_size())
+        if self.profile is not None:
+            self._record(zp, sent, out, before, time.perf_counter() - t0)
+        return out
+
+    def _set_size(self):
+        if self.size is None:
+            import horovod.torch as hvd
+
+            self.size = hvd.size()
+        return self.size
+
+    def _record(self, zp, sent, out, before, seconds):
+        after = runtime.comm_stats()
+        rows = zp.param.shape[0] or 1
+        prof = self.profile[zp.name]
+        prof["syncs"] += 1
+        prof["seconds"] += seconds
+        for k in ("bytes_sent", "bytes_received"):
+            prof[k] += after[k] - before[k]
+        prof["rows"] = sent.coalesce()._nnz()
+        prof["density"] = prof["rows"] / rows
+        prof["union_density"] = out._nnz() / rows
+
+    def release_all(self):
+        """Every parameter not yet ready syncs what it has (an empty gradient if none)."""
+        for ev in self.ready.values():
+            ev.set()
+
+    def finish(self):
+        """Wait for this step's syncs; returns {zen param: synchronized sparse gradient}."""
+        self.release_all()
+        self._start()
+        self.thread.join()
+        results, error = self.results, self.error
+        for zp in self.order:
+            if zp.looked_up is not None:
+                zp.looked_up.clear()
+        self._new_round()
+        if error is not None:
+            raise error
+        return results
+
+
+class _ZenDistributedOptimizer(torch.optim.Optimizer):
+    """Methods added to Horovod's _DistributedOptimizer (see the module docstring)."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set, zen):
+        self._zen = None
+        self._zen_local_step = False
+        _DistributedOptimizer.__init__(self, params, named_parameters, compression,
+                                       backward_passes_per_step, op, gradient_predivide_factor,
+                                       groups, sparse_as_dense, process_set)
+        zen_params = _select_zen_params(self, sparse_as_dense, **zen["select"])
+        self.zen_parameter_names = [zp.name for zp in zen_params]
+        self.zen_profile = {}
+        if not self._requires_update:  # no hooks: one rank, or not in the process set
+            return
+        zen_params = [zp for zp in zen_params if zp.param in self._requires_update]
+        ids = {zp.param for zp in zen_params}
+        self._requires_update -= ids
+        if self._groups is not None:  # Zen parameters leave Horovod's groups
+            self._regroup(ids)
+        ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
+        transport = select.resolve_transport_name(zen["transport"])
+        _check_same_zen_params(zen_params, transport, ps)
+        # Horovod's collectives name unnamed ops by a per-process counter, so the horovod
+        # transport may not issue them from a thread while backward issues allreduces.
+        self._zen = _ZenWorker(zen_params, op, gradient_predivide_factor, zen["scheme"], transport,
+                               ps, early=transport != "horovod", profile=zen["profile"])
+        if self._zen.profile is not None:
+            self.zen_profile = self._zen.profile
+        self._zen_by_param = {zp.param: zp for zp in zen_params}
+
+    def _regroup(self, zen_ids):
+        regrouped = {}
+        for group in self._group_counts:
+            kept = tuple(p for p in group if p not in zen_ids)
+            if kept:
+                regrouped[kept] = 0
+        self._group_counts = regrouped
+        self._p_to_group = {p: g for g in regrouped for p in g}
+
+    def _make_hook(self, p):
+        horovod_hook = _DistributedOptimizer._make_hook(self, p)
+
+        def hook(*args):
+            zp = self._zen_by_param.get(p) if self._zen is not None else None
+            if zp is None:
+                return horovod_hook(*args)
+            zen = self._zen
+            if zen.ready[zp].is_set() and self._allreduce_delay[p] <= 0:
+                raise AssertionError(_TOO_MANY_PASSES)
+            assert not p.grad.requires_grad
+            zen.touched.add(zp)
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                zen.mark_ready(zp)
+        return hook
+
+    def synchronize(self):
+        zen = self._zen
+        if zen is None or not self.process_set.included():
+            return _DistributedOptimizer.synchronize(self)
+        zen.release_all()
+        try:
+            _DistributedOptimizer.synchronize(self)
+        finally:
+            try:
+                results = zen.finish()
+            except BaseException:
+                self._synchronized = False  # as when a Horovod allreduce fails
+                raise
+        for zp, out in results.items():
+            self._allreduce_delay[zp.param] = self.backward_passes_per_step
+            _write_back(zp, out)
+
+    def step(self, closure=None):
+        if self._zen_local_step:  # state initialisation: no communication
+            return super(self.__class__, self).step(closure)
+        return _DistributedOptimizer.step(self, closure)
+
+    @contextmanager
+    def _local_steps(self):
+        """step() runs the wrapped optimizer only (as Horovod's broadcast_optimizer_state
+        needs for a newly created optimizer's state)."""
+        self._zen_local_step = True
+        try:
+            yield
+        finally:
+            self._zen_local_step = False
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles or (self._zen is not None and self._zen.touched):
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+    def load_state_dict(self, *args, **kwargs):
+        if self._zen is not None:  # drop this step's Zen syncs (finishing those already started)
+            if self._zen.thread is not None:
+                self._zen.finish()
+            else:
+                self._zen._new_round()
+        return _DistributedOptimizer.load_state_dict(self, *args, **kwargs)
+
+
+def _write_back(zp, out):
+    """The synchronized gradient into .grad: sparse stays sparse; a dense .grad gets its rows
+    overwritten (rows outside the union are zero on every rank already)."""
+    p = zp.param
+    if p.grad is None and zp.sparse_grad or p.grad is not None and p.grad.is_sparse:
+        p.grad = out
+        return
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    if out._nnz():
+        p.grad.index_copy_(0, out.indices()[0].to(p.grad.device), out.values().to(p.grad.dtype))
+
+
+def _select_zen_params(opt, sparse_as_dense, sparse_params, model):
+    """The Zen parameters in the fixed sync order (reverse registration order)."""
+    names = opt._parameter_names
+    params = [p for group in opt.param_groups for p in group["params"]]
+    by_name = {n: p for p, n in names.items()}
+    if sparse_as_dense:
+        return []
+    holders = _holders(params, model)
+    explicit = set()
+    for item in sparse_params or ():
+        p = by_name.get(item) if isinstance(item, str) else item
+        if not isinstance(p, torch.Tensor) or all(p is not q for q in params):
+            raise ValueError(f"zen_hvd.DistributedOptimizer: sparse_params names {item!r}, which is "
+                             "not a parameter of this optimizer (pass names from named_parameters "
+                             "or the parameter tensors themselves)")
+        explicit.add(p)
+    chosen = []
+    for p in reversed(params):
+        embs = [m for m in holders.get(p, ()) if isinstance(m, _EMBEDDINGS)]
+        sparse_grad = any(m.sparse for m in embs)
+        if not (sparse_grad or p in explicit or (sparse_params is None and embs)):
+            continue
+        lone = len(holders.get(p, ())) == 1 and len(embs) == 1 and not sparse_grad
+        name = names.get(p)
+        chosen.append(_ZenParam(name, p, sparse_grad, embs[0] if lone else None))
+    return chosen
+
+
+def _holders(params, model):
+    """param -> the modules holding it directly: among model's modules, or (model=None) among
+    every live nn.Module, found once through the garbage collector's object list."""
+    wanted = {id(p) for p in params}
+    modules = model.modules() if model is not None else (
+        o for o in gc.get_objects() if issubclass(type(o), torch.nn.Module))
+    holders = {}
+    for m in modules:
+        for q in m._parameters.values():
+            if q is not None and id(q) in wanted:
+                holders.setdefault(q, []).append(m)
+    return holders
+
+
+def _check_same_zen_params(zen_params, transport, process_set):
+    """Every rank must sync the same Zen parameters in the same order: compare a digest."""
+    h = hashlib.blake2b("\n".join(zp.name for zp in zen_params).encode(), digest_size=7)
+    table = runtime.get_transport(transport, process_set).allgather_int64(
+        [int.from_bytes(h.digest(), "little")])
+    if (table != table[0]).any():
+        raise TensorMismatchError(
+            "zen_hvd.DistributedOptimizer: ranks disagree about which parameters are sparse "
+            f"(this rank's: {[zp.name for zp in zen_params]}); build the same model on every "
+            "rank or pass the same sparse_params= everywhere")
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set, *, sparse_params=None, model=None,
+                         scheme="balanced", transport=None, profile=False):
+    """horovod.torch.DistributedOptimizer with Zen for sparse gradients.
+
+    Horovod's arguments keep their meaning (see its docstring). Zen options:
+      sparse_params: names (from named_parameters) or tensors of parameters whose gradients are
+          sparse by nature and sync through Zen by rows. Default: the weights of every
+          nn.Embedding / nn.EmbeddingBag. Weights of sparse=True embeddings always use Zen.
+      model: where to look for the embedding modules (default: every live nn.Module).
+      scheme: the sparse_allreduce scheme (zen_hvd.SCHEMES).
+      transport: "mpi4py" or "horovod" (default: as sparse_allreduce chooses).
+      profile: record per Zen parameter the syncs, seconds, bytes sent/received and densities
+          (this rank's rows / all rows, union rows / all rows) in `optimizer.zen_profile`.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}: choose one of {sorted(SCHEMES)}")
+    if op == Adasum:  # Horovod's Adasum optimizer, unchanged: Zen reduces by Sum or Average
+        return _horovod_distributed_optimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
+    # Horovod's argument checks, with its texts.
+    if gradient_predivide_factor != 1.0:
+        if rocm_built():
+            raise ValueError("gradient_predivide_factor not supported yet with ROCm")
+        if op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    methods = dict(_DistributedOptimizer.__dict__)
+    methods.update({k: v for k, v in _ZenDistributedOptimizer.__dict__.items()
+                    if k not in ("__dict__", "__weakref__", "__doc__")})
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    zen = dict(select=dict(sparse_params=sparse_params, model=model), scheme=scheme,
+               transport=transport, profile=profile)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, zen)
