@@ -53,7 +53,8 @@ def main():
     grad = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), (M,),
                                    check_invariants=True).coalesce()
 
-    sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, transport=args.transport)
+    sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, scheme="balanced",
+                                           transport=args.transport)
     t_sync, recv_bytes, _ = time_calls(sync, args.repeats)
     info = zen_hvd.last_sync
     push_imb = stats.push_imbalance(info["push_counts"])
@@ -90,7 +91,8 @@ def main():
         v = torch.from_numpy(workloads.rank_values(u, 1, me, args.seed)[:, 0])
         g = torch.sparse_coo_tensor(torch.from_numpy(u).reshape(1, -1), v, (M,), check_invariants=True).coalesce()
         _, b, _ = time_calls(lambda: zen_hvd.sparse_allreduce(g, name=f"bench.core.{d}", op=zen_hvd.Sum,
-                                                              transport=args.transport), 2, warmup=1)
+                                                              scheme="balanced", transport=args.transport),
+                             2, warmup=1)
         s = zen_hvd.last_sync
         gam = s["pull_counts"].sum() / s["nnz"].mean()
         denser.append((d, gam, gather([b])) + tuple(
