@@ -355,7 +355,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, *, sparse_params=None, model=None,
-                         scheme="balanced", transport=None, profile=False):
+                         scheme="auto", transport=None, profile=False):
     """horovod.torch.DistributedOptimizer with Zen for sparse gradients.
 
     Horovod's arguments keep their meaning (see its docstring). Zen options:
@@ -363,13 +363,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
           sparse by nature and sync through Zen by rows. Default: the weights of every
           nn.Embedding / nn.EmbeddingBag. Weights of sparse=True embeddings always use Zen.
       model: where to look for the embedding modules (default: every live nn.Module).
-      scheme: the sparse_allreduce scheme (zen_hvd.SCHEMES).
+      scheme: the sparse_allreduce scheme: "auto" (its default) or one of zen_hvd.SCHEMES.
       transport: "mpi4py" or "horovod" (default: as sparse_allreduce chooses).
       profile: record per Zen parameter the syncs, seconds, bytes sent/received and densities
           (this rank's rows / all rows, union rows / all rows) in `optimizer.zen_profile`.
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}: choose one of {sorted(SCHEMES)}")
+    if scheme != "auto" and scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
     if op == Adasum:  # Horovod's Adasum optimizer, unchanged: Zen reduces by Sum or Average
         return _horovod_distributed_optimizer(
             optimizer, named_parameters, compression, backward_passes_per_step, op,
