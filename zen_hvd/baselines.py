@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from .header import COL, COUNTS
-from .hierarchical import (DENSE, POSITIONS, Plan, RecursiveDoubling, index_dtype, nonzero_units,
-                           pad8, to_bytes)
+from .hierarchical import (DENSE, POSITIONS, Plan, RecursiveDoubling, add_rows, index_dtype,
+                           nonzero_units, pad8, to_bytes)
 
 
 def _vsz(values: torch.Tensor) -> int:
@@ -68,7 +68,7 @@ def sum_in_rank_order(parts, W, dtype):
     out = torch.zeros((idx.size, W), dtype=dtype)
     for i, v in parts:
         if i.size:
-            out.index_add_(0, torch.from_numpy(np.searchsorted(idx, i)), v)
+            add_rows(out, np.searchsorted(idx, i), v)
     return idx, out
 
 

@@ -77,13 +77,22 @@ def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
         if higher.units is None:
             out += higher.values
         else:
-            out.index_add_(0, torch.from_numpy(higher.units), higher.values)
+            add_rows(out, higher.units, higher.values)
         return UnitSet(None, out)
     units = np.union1d(lower.units, higher.units)
     out = torch.zeros((units.size, lower.values.shape[1]), dtype=lower.values.dtype)
-    out.index_add_(0, torch.from_numpy(np.searchsorted(units, lower.units)), lower.values)
-    out.index_add_(0, torch.from_numpy(np.searchsorted(units, higher.units)), higher.values)
+    add_rows(out, np.searchsorted(units, lower.units), lower.values)
+    add_rows(out, np.searchsorted(units, higher.units), higher.values)
     return UnitSet(units, out)
+
+
+def add_rows(out: torch.Tensor, rows: np.ndarray, values: torch.Tensor) -> None:
+    """out[rows] += values (rows unique); a 1-D index_add when D == 1, many times faster."""
+    idx = torch.from_numpy(rows)
+    if out.shape[1] == 1:
+        out.view(-1).index_add_(0, idx, values.reshape(-1))
+    else:
+        out.index_add_(0, idx, values)
 
 
 def _scatter(s: UnitSet, M: int) -> torch.Tensor:

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A bandwidth-bound cluster on one machine: N hosts in network namespaces joined by a bridge
+# (in its own namespace), every link rate-limited with tc tbf on both ends; Open MPI over TCP.
+#
+#   scripts/netns_cluster.sh up N [RATE]          create zenh0..zenh{N-1} (default 1gbit)
+#   scripts/netns_cluster.sh down                 remove everything this script created
+#   scripts/netns_cluster.sh run N [RATE] -- CMD  up, mpirun -np N CMD across the hosts, down
+#                                                 (also on error or Ctrl-C: trap)
+# Needs root. Addresses: a private subnet that exists only inside these namespaces.
+set -euo pipefail
+
+PREFIX=zenh
+BRIDGE_NS=zenbr
+SUBNET=10.213.7
+CIDR=$SUBNET.0/24
+
+host_ns() { echo "$PREFIX$1"; }
+host_ip() { echo "$SUBNET.$(( $1 + 1 ))"; }
+
+up() {
+  local n=$1 rate=${2:-1gbit}
+  ip netns add $BRIDGE_NS
+  ip netns exec $BRIDGE_NS ip link add br0 type bridge
+  ip netns exec $BRIDGE_NS ip link set br0 up
+  for ((i = 0; i < n; i++)); do
+    local ns; ns=$(host_ns $i)
+    ip netns add "$ns"
+    ip link add "v$ns" netns "$ns" type veth peer name "b$ns" netns $BRIDGE_NS
+    ip netns exec "$ns" ip addr add "$(host_ip $i)/24" dev "v$ns"
+    ip netns exec "$ns" ip link set "v$ns" up
+    ip netns exec "$ns" ip link set lo up
+    ip netns exec $BRIDGE_NS ip link set "b$ns" master br0
+    ip netns exec $BRIDGE_NS ip link set "b$ns" up
+    ip netns exec "$ns" tc qdisc add dev "v$ns" root tbf rate "$rate" burst 256kb latency 50ms
+    ip netns exec $BRIDGE_NS tc qdisc add dev "b$ns" root tbf rate "$rate" burst 256kb latency 50ms
+  done
+}
+
+down() {
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^($PREFIX[0-9]+|$BRIDGE_NS)$" || true); do
+    ip netns del "$ns" || true
+  done
+  rm -f "${AGENT:-}"
+}
+
+# The rsh agent Open MPI calls as `agent [options] HOST CMD...`: run CMD in HOST's namespace.
+write_agent() {
+  AGENT=$(mktemp /tmp/zen_netns_agent.XXXXXX)
+  cat > "$AGENT" <<EOF
+#!/bin/sh
+while [ \$# -gt 0 ]; do case "\$1" in -*) shift;; *) break;; esac; done
+host=\$1; shift
+ns=$PREFIX\$(( \${host##*.} - 1 ))
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+EOF
+  chmod +x "$AGENT"
+}
+
+run() {
+  local n=$1; shift
+  local rate=1gbit
+  if [ $# -gt 0 ] && [ "$1" != "--" ]; then rate=$1; shift; fi
+  [ "${1:-}" = "--" ] && shift
+  trap down EXIT INT TERM
+  down
+  up "$n" "$rate"
+  write_agent
+  local envs="-x PATH"
+  for v in VIRTUAL_ENV PYTHONPATH; do [ -n "${!v:-}" ] && envs="$envs -x $v"; done
+  local hosts=""
+  for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i)"; done
+  ip netns exec "$(host_ns 0)" mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    -np "$n" --host "$hosts" --mca plm_rsh_agent "$AGENT" \
+    --mca btl tcp,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
+    $envs --wdir "$PWD" "$@"
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+  up) up "$@" ;;
+  down) down ;;
+  run) run "$@" ;;
+  *) echo "usage: $0 up N [RATE] | down | run N [RATE] -- CMD..." >&2; exit 2 ;;
+esac

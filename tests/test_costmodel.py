@@ -1,0 +1,48 @@
+"""Cost model, gamma estimator and sparsity characteristics (single process)."""
+import math
+
+import numpy as np
+
+from zen_hvd import characteristics, costmodel, stats, workloads
+
+
+def test_universe_estimator_recovers_independence():
+    M, k, n = 100_000, 1000, 8
+    union = M * (1 - (1 - k / M) ** n)          # independent uniform sets
+    gamma = costmodel.gamma_curve(n, k, union / k)
+    for m in (2, 3, 4):
+        assert math.isclose(gamma(m), M * (1 - (1 - k / M) ** m) / k, rel_tol=1e-6)
+    assert costmodel.gamma_curve(n, k, float(n))(4) == 4          # disjoint
+    assert costmodel.gamma_curve(n, k, 1.0)(4) == 1.0             # identical
+
+
+def test_measured_stage_gammas_override_the_estimate():
+    gamma = costmodel.gamma_curve(8, 100, 5.0, [1.0, 1.2, 3.0])
+    assert gamma(2) == 1.2 and gamma(4) == 3.0 and gamma(8) == 5.0
+
+
+def test_balanced_bytes_match_the_formula_in_stats():
+    M, n, d, g, D = 1_000_000, 8, 0.01, 3.0, 4
+    pred = costmodel.predict_bytes(n, M, d, lambda m: g if m == n else 1.0, 4 * D, ["balanced"])
+    ref = stats.balanced_bytes_formula(M, n, d, g, D, 4, 4)["total"]
+    assert math.isclose(pred["balanced"], ref, rel_tol=1e-9)
+
+
+def test_hierarchical_beats_balanced_only_without_overlap():
+    M, n, d, v = 1_000_000, 16, 0.001, 4
+    disjoint = costmodel.predict_bytes(n, M, d, lambda m: m, v, ["balanced", "hierarchical"])
+    same = costmodel.predict_bytes(n, M, d, lambda m: 1.0, v, ["balanced", "hierarchical"])
+    assert disjoint["hierarchical"] < disjoint["balanced"]
+    assert same["balanced"] < same["hierarchical"]
+
+
+def test_characteristics_of_controlled_sets():
+    M = 10_000
+    a, b = np.arange(0, 100), np.arange(50, 150)
+    assert characteristics.overlap_ratio(a, b) == 0.5
+    assert characteristics.densification([a, b]) == 1.5
+    assert characteristics.skew_ratio(np.arange(100), M, 4) == 4.0   # all in the first quarter
+    sets = workloads.rank_units(M, 4, 0.05, 0.5, 1.0, 0)
+    ch = characteristics.characterize(sets, M)
+    assert 1 <= ch["gamma_n"] <= 4 and ch["skew_union"] > 1 and ch["push_imbalance"] < 1.5
+    assert ch["stage_gammas"][0] == 1.0
