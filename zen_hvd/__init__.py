@@ -29,3 +29,4 @@ from horovod.torch import (  # noqa: F401,E402
 
 from .functions import broadcast_optimizer_state  # noqa: F401,E402
 from .optimizer import DistributedOptimizer  # noqa: F401,E402
+from .auto import scheme_choices  # noqa: F401,E402
