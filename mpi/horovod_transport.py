@@ -19,20 +19,30 @@ class HorovodTransport(Transport):
         self._hvd = hvd
         self._ps = process_set if process_set is not None else hvd.global_process_set
         super().__init__(self._ps.rank(), self._ps.size())
+        self._ops = 0
+
+    def _name(self) -> str:
+        """Horovod matches collectives across ranks by name; unnamed ones get a per-process
+        counter shared with every other unnamed Horovod op, which differs across ranks when
+        zen_hvd syncs from a worker thread while backward enqueues allreduces. Our calls come
+        in the same order on every rank, so a counter of our own names them consistently."""
+        self._ops += 1
+        return f"zen_hvd.{self._ps.process_set_id}.{self._ops % 4096}"
 
     def _alltoallv(self, send, send_counts, recv_counts):
         splits = torch.tensor(send_counts, dtype=torch.int32)
-        out, received = self._hvd.alltoall(send, splits=splits, process_set=self._ps)
+        out, received = self._hvd.alltoall(send, splits=splits, name=self._name(),
+                                            process_set=self._ps)
         if received.tolist() != recv_counts:
             raise RuntimeError(f"alltoall received splits {received.tolist()}, expected {recv_counts}")
         return out
 
     def _allgatherv(self, send, recv_counts):
-        return self._hvd.allgather(send, process_set=self._ps)
+        return self._hvd.allgather(send, name=self._name(), process_set=self._ps)
 
     def _allgather_int64(self, row):
         t = torch.from_numpy(row).reshape(1, -1)
-        return self._hvd.allgather(t, process_set=self._ps).numpy()
+        return self._hvd.allgather(t, name=self._name(), process_set=self._ps).numpy()
 
     def _allreduce_sum(self, tensor):
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum, process_set=self._ps)
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=self._name(), process_set=self._ps)
