@@ -11,10 +11,14 @@ below extend them and call into them, so dense gradients take exactly Horovod's 
 Which gradients go where:
   - Zen parameters (sparse_params): sync with zen_hvd.sparse_allreduce, one row per unit.
     By default the weights of nn.Embedding / nn.EmbeddingBag modules: with sparse=True their
-    gradients are torch sparse; with sparse=False they are dense but sparse by nature, and the
-    rows sent are the ones the module looked up in forward (recorded by a forward hook when the
-    module is the weight's only holder; otherwise the non-zero rows are found by a scan), and
-    the synchronized rows are written back into the dense .grad.
+    gradients are torch sparse; with sparse=False they are dense but sparse by nature: the rows
+    sent are those holding a non-zero (one read of the gradient, embedding_rows="scan", always
+    exact), or with embedding_rows="track" the rows the module looked up in forward (a forward
+    hook; no pass over the gradient). Tracking is only exact when the module's lookups are the
+    weight's only use: a weight also used elsewhere (tied to an output layer, F.linear(h,
+    emb.weight)) has gradient in other rows too. It is refused for weights held by several
+    modules, but a functional use cannot be seen, hence scan is the default. The synchronized
+    rows are written back into the dense .grad.
   - Every other gradient: Horovod's allreduce. sparse_as_dense=True sends everything there.
 
 Ordering. A Zen sync is a collective that every rank must issue in the same order. One worker
@@ -204,10 +208,8 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
         transport = select.resolve_transport_name(zen["transport"])
         _check_same_zen_params(zen_params, transport, ps)
-        # Horovod's collectives name unnamed ops by a per-process counter, so the horovod
-        # transport may not issue them from a thread while backward issues allreduces.
         self._zen = _ZenWorker(zen_params, op, gradient_predivide_factor, zen["scheme"], transport,
-                               ps, early=transport != "horovod", profile=zen["profile"])
+                               ps, early=True, profile=zen["profile"])
         if self._zen.profile is not None:
             self.zen_profile = self._zen.profile
         self._zen_by_param = {zp.param: zp for zp in zen_params}
@@ -297,7 +299,7 @@ def _write_back(zp, out):
         p.grad.index_copy_(0, out.indices()[0].to(p.grad.device), out.values().to(p.grad.dtype))
 
 
-def _select_zen_params(opt, sparse_as_dense, sparse_params, model):
+def _select_zen_params(opt, sparse_as_dense, sparse_params, model, embedding_rows):
     """The Zen parameters in the fixed sync order (reverse registration order)."""
     names = opt._parameter_names
     params = [p for group in opt.param_groups for p in group["params"]]
@@ -319,7 +321,8 @@ def _select_zen_params(opt, sparse_as_dense, sparse_params, model):
         sparse_grad = any(m.sparse for m in embs)
         if not (sparse_grad or p in explicit or (sparse_params is None and embs)):
             continue
-        lone = len(holders.get(p, ())) == 1 and len(embs) == 1 and not sparse_grad
+        lone = len(holders.get(p, ())) == 1 and len(embs) == 1 and not sparse_grad \
+            and embedding_rows == "track"
         name = names.get(p)
         chosen.append(_ZenParam(name, p, sparse_grad, embs[0] if lone else None))
     return chosen
@@ -355,7 +358,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, *, sparse_params=None, model=None,
-                         scheme="auto", transport=None, profile=False):
+                         scheme="auto", transport=None, profile=False, embedding_rows="scan"):
     """horovod.torch.DistributedOptimizer with Zen for sparse gradients.
 
     Horovod's arguments keep their meaning (see its docstring). Zen options:
@@ -363,6 +366,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
           sparse by nature and sync through Zen by rows. Default: the weights of every
           nn.Embedding / nn.EmbeddingBag. Weights of sparse=True embeddings always use Zen.
       model: where to look for the embedding modules (default: every live nn.Module).
+      embedding_rows: for dense (sparse=False) embedding gradients, "scan" (default: the rows
+          holding a non-zero, always exact) or "track" (the rows looked up in forward; exact
+          only when the embedding module is the weight's only use, see the module docstring).
       scheme: the sparse_allreduce scheme: "auto" (its default) or one of zen_hvd.SCHEMES.
       transport: "mpi4py" or "horovod" (default: as sparse_allreduce chooses).
       profile: record per Zen parameter the syncs, seconds, bytes sent/received and densities
@@ -370,6 +376,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     if scheme != "auto" and scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
+    if embedding_rows not in ("scan", "track"):
+        raise ValueError(f"embedding_rows must be 'scan' or 'track', not {embedding_rows!r}")
     if op == Adasum:  # Horovod's Adasum optimizer, unchanged: Zen reduces by Sum or Average
         return _horovod_distributed_optimizer(
             optimizer, named_parameters, compression, backward_passes_per_step, op,
@@ -391,7 +399,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     methods.update({k: v for k, v in _ZenDistributedOptimizer.__dict__.items()
                     if k not in ("__dict__", "__weakref__", "__doc__")})
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
-    zen = dict(select=dict(sparse_params=sparse_params, model=model), scheme=scheme,
+    zen = dict(select=dict(sparse_params=sparse_params, model=model, embedding_rows=embedding_rows),
+               scheme=scheme,
                transport=transport, profile=profile)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, zen)

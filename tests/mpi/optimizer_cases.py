@@ -153,7 +153,8 @@ def named_sparse_params():
     m.tied = nn.Linear(D, V, bias=False)
     m.tied.weight = m.emb.weight  # two holders: rows are found by a scan, not the forward hook
     opt = hvd.DistributedOptimizer(sgd(m), named_parameters=m.named_parameters(),
-                                   sparse_params=["fc.weight", m.emb.weight, "bag.weight"])
+                                   sparse_params=["fc.weight", m.emb.weight, "bag.weight"],
+                                   embedding_rows="track")
     assert opt.zen_parameter_names == ["fc.weight", "bag.weight", "emb.weight"], opt.zen_parameter_names
     zps = {zp.name: zp for zp in opt._zen.order} if n > 1 else {}
     if zps:
@@ -166,6 +167,28 @@ def named_sparse_params():
     (sum(loss_of(ref, 0, r) for r in range(n)) / n).backward()
     rs.step()
     assert close(m, ref, 1e-5)
+
+
+@case
+def functional_tie():
+    # emb.weight also serves as the output projection through F.linear: its gradient has rows
+    # the embedding never looked up. The default row scan must send them all.
+    torch.manual_seed(0)
+    m = Net(False)
+    ref = copy.deepcopy(m)
+
+    def tied_loss(model, r):
+        x, y = batch(0, r)
+        h = model.emb(x).mean(1)
+        return F.cross_entropy(F.linear(h, model.emb.weight), y % V)
+
+    opt = hvd.DistributedOptimizer(sgd(m), named_parameters=m.named_parameters())
+    tied_loss(m, me).backward()
+    opt.step()
+    rs = torch.optim.SGD(ref.parameters(), lr=0.5)
+    (sum(tied_loss(ref, r) for r in range(n)) / n).backward()
+    rs.step()
+    assert close(m, ref, 1e-5), "functional tie: rows outside the lookups were lost"
 
 
 # 3. names
