@@ -92,3 +92,14 @@ def test_imbalance_ratios():
     assert stats.push_imbalance(np.array([[5, 5], [2, 6]])) == pytest.approx(1.5)
     assert stats.pull_imbalance(np.array([10, 30])) == pytest.approx(1.5)
     assert stats.push_imbalance(np.zeros((2, 2), np.int64)) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-5, 50), max_size=200), st.booleans())
+def test_sorted_unique_matches_numpy(values, presort):
+    a = np.array(sorted(values) if presort else values, dtype=np.int64)
+    u, inv = units.sorted_unique(a, return_inverse=True)
+    ref_u, ref_inv = np.unique(a, return_inverse=True)
+    np.testing.assert_array_equal(u, ref_u)
+    np.testing.assert_array_equal(inv, ref_inv.reshape(-1))
+    np.testing.assert_array_equal(units.sorted_unique(a), ref_u)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .header import COL, COUNTS
+from .units import sorted_unique
 from .hierarchical import (DENSE, POSITIONS, Plan, RecursiveDoubling, add_rows, index_dtype,
                            nonzero_units, pad8, to_bytes)
 
@@ -64,7 +65,7 @@ def unpack(buf, ks, idx_dtype, W, dtype) -> list:
 
 def sum_in_rank_order(parts, W, dtype):
     """Union of the parts' (ascending-unique-per-part) indices and their sums, rank 0 first."""
-    idx = np.unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
+    idx = sorted_unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
     out = torch.zeros((idx.size, W), dtype=dtype)
     for i, v in parts:
         if i.size:
@@ -190,7 +191,7 @@ class OmniReduce(_Partitioned):
     def keys(self, units, values, layout):
         B, D = block_units(values.shape[1]), values.shape[1]
         nblocks = -(-layout.num_units // B)
-        blocks, inverse = np.unique(units // B, return_inverse=True)
+        blocks, inverse = sorted_unique(units // B, return_inverse=True)
         dense = torch.zeros((blocks.size, B, D), dtype=values.dtype)
         if units.size:
             dense[torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(units % B)] = values

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from . import stats
+from .units import sorted_unique
 
 
 def overlap_ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -36,7 +37,7 @@ def densification(sets, m: int | None = None) -> float:
     """gamma_m over the first m sets (all by default)."""
     m = len(sets) if m is None else m
     k = np.mean([s.size for s in sets[:m]])
-    return float(np.unique(np.concatenate(sets[:m])).size / k) if k else 1.0
+    return float(sorted_unique(np.concatenate(sets[:m])).size / k) if k else 1.0
 
 
 def skew_ratio(units: np.ndarray, M: int, n: int) -> float:
@@ -53,7 +54,7 @@ def imbalance(sets, M: int, seed: int = 12345) -> tuple:
 
     n, keys = len(sets), h0.derive_keys(seed)
     push = np.stack([hierarchical_hashing.group_by_partition_cpu(s, M, n, keys)[1] for s in sets])
-    union = np.unique(np.concatenate(sets))
+    union = sorted_unique(np.concatenate(sets))
     pull = hierarchical_hashing.group_by_partition_cpu(union, M, n, keys)[1]
     return stats.push_imbalance(push.astype(np.int64)), stats.pull_imbalance(pull.astype(np.int64))
 
@@ -62,14 +63,14 @@ def block_sets(sets, D: int):
     from .baselines import block_units
 
     B = block_units(D)
-    return [np.unique(s // B) for s in sets], B
+    return [sorted_unique(s // B) for s in sets], B
 
 
 def characterize(sets, M: int, D: int = 1) -> dict:
     """Everything above for the ranks' unit sets (sorted unique int64 arrays)."""
     n = len(sets)
     k = float(np.mean([s.size for s in sets]))
-    union = np.unique(np.concatenate(sets))
+    union = sorted_unique(np.concatenate(sets))
     p = 1 << (n.bit_length() - 1)
     push, pull = imbalance(sets, M)
     return dict(n=n, M=M, D=D, k=k, d_G=k / M, overlap=mean_overlap(sets),
@@ -85,7 +86,7 @@ def block_stats(sets, M: int, D: int, n: int | None = None) -> dict:
     bsets, B = block_sets(sets, D)
     nb = -(-M // B)
     n = n or len(sets)
-    ub = np.unique(np.concatenate(bsets))
+    ub = sorted_unique(np.concatenate(bsets))
     return dict(B=B, k=float(np.mean([b.size for b in bsets])), union=float(ub.size),
                 s_w=float(np.mean([skew_ratio(b, nb, n) for b in bsets])), s_u=skew_ratio(ub, nb, n))
 

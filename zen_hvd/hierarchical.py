@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .hash_bitmap import bitmap_nbytes, decode, encode
+from .units import sorted_unique
 
 POSITIONS, BITMAP, DENSE = 0, 1, 2
 
@@ -79,7 +80,7 @@ def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
         else:
             add_rows(out, higher.units, higher.values)
         return UnitSet(None, out)
-    units = np.union1d(lower.units, higher.units)
+    units = sorted_unique(np.concatenate([lower.units, higher.units]))
     out = torch.zeros((units.size, lower.values.shape[1]), dtype=lower.values.dtype)
     add_rows(out, np.searchsorted(units, lower.units), lower.values)
     add_rows(out, np.searchsorted(units, higher.units), higher.values)

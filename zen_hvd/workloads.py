@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .units import sorted_unique
+
 
 def zipf_units(rng: np.random.Generator, M: int, k: int, skew: float, exclude=None) -> np.ndarray:
     """k distinct units of [0, M), Zipf-distributed with exponent `skew`, avoiding `exclude`."""
@@ -34,7 +36,7 @@ def zipf_units(rng: np.random.Generator, M: int, k: int, skew: float, exclude=No
             draw = draw.astype(np.int64)
         draw = np.clip(draw, 0, M - 1)
         draw = draw[~taken[draw]]
-        draw = np.unique(draw)
+        draw = sorted_unique(draw)
         rng.shuffle(draw)
         draw = draw[: k - have]
         taken[draw] = True
@@ -53,7 +55,7 @@ def rank_units(M: int, n: int, density: float, overlap: float, skew: float, seed
     rng = np.random.default_rng(seed)
     k = int(round(density * M))
     shared = zipf_units(rng, M, int(round(overlap * k)), skew)
-    return [np.union1d(shared, zipf_units(rng, M, k - shared.size, skew, exclude=shared))
+    return [sorted_unique(np.concatenate([shared, zipf_units(rng, M, k - shared.size, skew, exclude=shared)]))
             for _ in range(n)]
 
 
