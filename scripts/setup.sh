@@ -36,7 +36,8 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
     log "installing torch $torch_pin (CPU)"
     pip_install "torch==$torch_pin"
 fi
-if ! "$py" -c "import numba, numba_cuda, mpi4py, pytest, hypothesis, mmh3, psutil, matplotlib, nvidia.cuda_nvrtc" 2>/dev/null; then
+if ! "$py" -c "import numba, numba_cuda, mpi4py, pytest, hypothesis, mmh3, psutil, matplotlib
+from importlib.metadata import version; version('nvidia-cuda-nvrtc'); version('nvidia-nvvm')" 2>/dev/null; then
     log "installing numba, numba-cuda, mpi4py, pytest, hypothesis, mmh3, matplotlib, CUDA compiler libraries"
     pip_install wheel setuptools numba numba-cuda mpi4py pytest hypothesis mmh3 psutil matplotlib \
         "cuda-toolkit[nvrtc,nvvm,cudart]==13.*" "torch==$torch_pin"

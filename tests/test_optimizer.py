@@ -9,10 +9,12 @@ from conftest import horovodrun_gloo, mpirun
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_optimizer_cases_mpirun(ranks):
     proc = mpirun(ranks, "optimizer_cases.py", timeout=300)
-    assert f"all cases passed (15 cases, {ranks} ranks, mpi, transport mpi4py)" in proc.stdout
+    assert "all cases passed (" in proc.stdout
+    assert f" cases, {ranks} ranks, mpi, transport mpi4py)" in proc.stdout
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_optimizer_cases_horovodrun_gloo(ranks):
     proc = horovodrun_gloo(ranks, "optimizer_cases.py", timeout=300)
-    assert f"all cases passed (15 cases, {ranks} ranks, gloo, transport horovod)" in proc.stdout
+    assert "all cases passed (" in proc.stdout
+    assert f" cases, {ranks} ranks, gloo, transport horovod)" in proc.stdout
