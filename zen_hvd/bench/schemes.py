@@ -62,9 +62,11 @@ def child(args):
         M, D = w["M"], w["D"]
         vals = torch.from_numpy(workloads.rank_values(sets[me], D, me, args.seed))
         if D > 1:
-            grad = torch.sparse_coo_tensor(torch.from_numpy(sets[me]).reshape(1, -1), vals, (M, D))
+            grad = torch.sparse_coo_tensor(torch.from_numpy(sets[me]).reshape(1, -1), vals, (M, D),
+                                           check_invariants=True)
         else:
-            grad = torch.sparse_coo_tensor(torch.from_numpy(sets[me]).reshape(1, -1), vals[:, 0], (M,))
+            grad = torch.sparse_coo_tensor(torch.from_numpy(sets[me]).reshape(1, -1), vals[:, 0], (M,),
+                                           check_invariants=True)
         grad = grad.coalesce()
         measured = {}
         for scheme in SCHEME_ORDER:
