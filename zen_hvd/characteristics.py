@@ -140,8 +140,8 @@ class GradientRecorder:
 
 # The two workload kinds of the paper's evaluation, shrunk to this machine.
 WORKLOADS = {
-    "embedding": dict(M=50_000, D=32, density=0.01, overlap=0.3, skew=1.1),   # Zipf rows
-    "dgc": dict(M=1_000_000, D=1, density=0.05, overlap=0.1, skew=0.2),       # top-5% elements
+    "embedding": dict(M=200_000, D=32, density=0.01, overlap=0.3, skew=1.1),  # Zipf rows
+    "dgc": dict(M=4_000_000, D=1, density=0.05, overlap=0.1, skew=0.2),       # top-5% elements
 }
 
 
