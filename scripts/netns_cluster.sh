@@ -69,9 +69,12 @@ run() {
   for v in VIRTUAL_ENV PYTHONPATH; do [ -n "${!v:-}" ] && envs="$envs -x $v"; done
   local hosts=""
   for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i)"; done
+  # Every host has one slot, so Open MPI thinks no core is shared and busy-polls; the hosts
+  # do share this machine's cores, so ranks must yield while they wait.
   ip netns exec "$(host_ns 0)" mpirun --allow-run-as-root --oversubscribe --bind-to none \
     -np "$n" --host "$hosts" --mca plm_rsh_agent "$AGENT" \
     --mca btl tcp,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
+    --mca mpi_yield_when_idle 1 \
     $envs --wdir "$PWD" "$@"
 }
 

@@ -8,7 +8,6 @@ it is bitwise identical on all ranks, that schemes which keep units exactly retu
 and that bytes sent equal bytes received over all ranks. Exits non-zero at the first failure.
 """
 import argparse
-import hashlib
 import logging
 import os
 
@@ -16,6 +15,8 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from common import digest, make_sparse, same_on_all_ranks
 
 import zen_hvd
 from zen_hvd import auto, runtime, workloads
@@ -37,27 +38,10 @@ ALL = list(SCHEMES) + ["auto"]
 EXACT_UNION = {"balanced", "hierarchical", "agsparse", "sparse_ps"}
 
 
-def digest(t: torch.Tensor) -> int:
-    h = hashlib.blake2b(digest_size=7)
-    if t.is_sparse:
-        h.update(t.indices().numpy().tobytes())
-        t = t.values()
-    h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return int.from_bytes(h.digest(), "little")
 
 
-def same_on_all_ranks(*values) -> bool:
-    table = tr.allgather_int64(list(values))
-    return bool((table == table[0]).all())
 
 
-def make_sparse(units, values, shape):
-    if len(shape) == 2 and values.shape[1] == shape[1]:
-        return torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values), shape,
-                                       check_invariants=True)
-    idx = torch.from_numpy(np.stack(np.unravel_index(units, shape)) if units.size
-                           else np.zeros((len(shape), 0), np.int64))
-    return torch.sparse_coo_tensor(idx, torch.from_numpy(values[:, 0]), shape, check_invariants=True)
 
 
 def rows(M, D, density, overlap, skew, seed, shape=None, dtype=np.float32):
@@ -88,7 +72,7 @@ def check(name, inputs, schemes=ALL, op=zen_hvd.Sum, rtol=1e-5):
         used = zen_hvd.last_sync["scheme"]
         if union is not None and used in EXACT_UNION:
             assert torch.equal(out.indices(), union), f"{tag}: unit set differs from the union"
-        assert same_on_all_ranks(digest(out), list(SCHEMES).index(used)), \
+        assert same_on_all_ranks(tr, digest(out), list(SCHEMES).index(used)), \
             f"{tag}: result (or scheme) not bitwise identical on all ranks"
         table = tr.allgather_int64([stats["bytes_sent"], stats["bytes_received"]])
         assert table[:, 0].sum() == table[:, 1].sum(), f"{tag}: bytes sent != received: {table}"
@@ -125,7 +109,7 @@ for step in range(4):
     check("auto_tensor", inputs, schemes=["auto"])
 choice = auto.scheme_choices()["auto_tensor[auto]"]
 assert choice["calls"] == 4 and choice["scheme"] in auto.CANDIDATES, choice
-assert same_on_all_ranks(auto.CANDIDATES.index(choice["scheme"])), "auto chose differently across ranks"
+assert same_on_all_ranks(tr, auto.CANDIDATES.index(choice["scheme"])), "auto chose differently across ranks"
 if n in (2, 4):
     assert choice["scheme"] == "hierarchical" and choice["stage_gammas"], choice
 

@@ -8,13 +8,14 @@ that the result is bitwise identical on all ranks, and that no unit is lost. Exi
 (on every rank) at the first failure.
 """
 import argparse
-import hashlib
 import sys
 
 import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from common import digest, make_sparse, same_on_all_ranks
 
 import zen_hvd
 from zen_hvd import runtime, workloads
@@ -30,31 +31,14 @@ import horovod.torch as hvd  # noqa: E402
 
 n, me = hvd.size(), hvd.rank()
 T = args.transport
+tr = runtime.get_transport(T)
 DT = {"float32": torch.float32, "float64": torch.float64}
 
 
-def digest(t: torch.Tensor) -> int:
-    h = hashlib.blake2b(digest_size=7)
-    if t.is_sparse:
-        h.update(t.indices().numpy().tobytes())
-        t = t.values()
-    h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return int.from_bytes(h.digest(), "little")
 
 
-def same_on_all_ranks(value: int) -> bool:
-    table = runtime.get_transport(T).allgather_int64([value])
-    return bool((table == table[0]).all())
 
 
-def make_sparse(units, values, shape):
-    """Row-sparse hybrid tensor (2-D shape) or element-sparse tensor (N-D shape)."""
-    if len(shape) == 2 and values.shape[1] == shape[1]:
-        idx = torch.from_numpy(units).reshape(1, -1)
-        return torch.sparse_coo_tensor(idx, torch.from_numpy(values), shape, check_invariants=True)
-    idx = torch.from_numpy(np.stack(np.unravel_index(units, shape)) if units.size
-                           else np.zeros((len(shape), 0), np.int64))
-    return torch.sparse_coo_tensor(idx, torch.from_numpy(values[:, 0]), shape, check_invariants=True)
 
 
 def check(name, inputs, op=zen_hvd.Sum, rtol=1e-5, **kw):
@@ -74,7 +58,7 @@ def check(name, inputs, op=zen_hvd.Sum, rtol=1e-5, **kw):
         union = torch.cat([t.coalesce().indices() for t in inputs], dim=1)
         union = torch.unique(union, dim=1) if union.numel() else union
         assert torch.equal(out.indices(), union), f"{name}: unit set differs from the union"
-    assert same_on_all_ranks(digest(out)), f"{name}: result not bitwise identical on all ranks"
+    assert same_on_all_ranks(tr, digest(out)), f"{name}: result not bitwise identical on all ranks"
     return out
 
 
@@ -133,7 +117,6 @@ assert torch.isnan(out[3, 1]) and torch.isinf(out[4, 2]) or n == 1 and torch.isi
 from zen_hvd.cuda_kernels import h0  # noqa: E402
 from zen_hvd.hash_bitmap import bitmap_nbytes  # noqa: E402
 pad8 = lambda x: (x + 7) // 8 * 8  # noqa: E731
-tr = runtime.get_transport(T)
 
 
 def check_bytes(name, M, density):
