@@ -30,7 +30,8 @@ import torch
 from .cuda_kernels import h0, hierarchical_hashing
 from .hash_bitmap import bitmap_nbytes, decode, encode, rank_in_bitmap
 from .header import COUNTS
-from .units import take_units
+from .units import add_rows, take_units
+from .wire import index_dtype, pad8, to_bytes
 
 
 def partitioner(layout) -> str:
@@ -40,15 +41,6 @@ def partitioner(layout) -> str:
     if choice not in ("gpu", "cpu"):
         raise ValueError(f"ZEN_HVD_PARTITIONER must be 'gpu' or 'cpu', not {choice!r}")
     return choice
-
-
-def _pad8(nbytes: int) -> int:
-    return (nbytes + 7) & ~7
-
-
-def index_dtype(num_units: int, n: int):
-    """Bit positions j < ceil(M / n) travel as int32 when they fit."""
-    return np.int32 if -(-num_units // n) < 2 ** 31 else np.int64
 
 
 @dataclasses.dataclass
@@ -72,7 +64,7 @@ class BalancedParallelism:
         else:                             # its CPU twin: a stable counting sort
             order, counts, pos = hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
         grouped = take_units(values, order)
-        return Plan(counts.astype(np.int64), pos.astype(index_dtype(M, n)), grouped, M, keys)
+        return Plan(counts.astype(np.int64), pos.astype(index_dtype(-(-M // n))), grouped, M, keys)
 
     def run(self, plan: Plan, table: np.ndarray, transport):
         n, me = transport.size, transport.rank
@@ -90,7 +82,7 @@ class BalancedParallelism:
         n, me = transport.size, transport.rank
         D = plan.values.shape[1] if plan.values.dim() == 2 else 1
         isz, vsz = plan.positions.itemsize, D * plan.values.element_size()
-        part = lambda c: _pad8(int(c) * isz) + _pad8(int(c) * vsz)
+        part = lambda c: pad8(int(c) * isz) + pad8(int(c) * vsz)
         send_counts = [part(c) for c in plan.counts]
         from_worker = table[:, COUNTS + me]                    # |I_i^me| for every worker i
         recv_counts = [part(c) for c in from_worker]
@@ -101,9 +93,9 @@ class BalancedParallelism:
         for c in plan.counts:                                   # server order = rank order
             c = int(c)
             send[off:off + c * isz] = idx_bytes[start * isz:(start + c) * isz]
-            off += _pad8(c * isz)
+            off += pad8(c * isz)
             send[off:off + c * vsz] = val_bytes[start * vsz:(start + c) * vsz]
-            off += _pad8(c * vsz)
+            off += pad8(c * vsz)
             start += c
         return transport.alltoallv(send, send_counts, recv_counts), from_worker
 
@@ -116,17 +108,17 @@ class BalancedParallelism:
         for c in from_worker:
             c = int(c)
             positions.append(recv[off:off + c * isz].numpy().view(plan.positions.dtype).astype(np.int64))
-            off += _pad8(c * isz)
+            off += pad8(c * isz)
             values.append(recv[off:off + c * vsz].view(dtype).reshape(c, D))
-            off += _pad8(c * vsz)
+            off += pad8(c * vsz)
         all_pos = np.concatenate(positions)
         bitmap = encode(all_pos, nbits)                          # I'_me as a hash bitmap
-        slots = torch.from_numpy(rank_in_bitmap(bitmap, all_pos))
-        K = int(slots.max()) + 1 if slots.numel() else 0
+        slots = rank_in_bitmap(bitmap, all_pos)
+        K = int(slots.max()) + 1 if slots.size else 0
         aggregated = torch.zeros((K, D), dtype=dtype)
         start = 0
         for v in values:                                          # rank order 0..n-1
-            aggregated.index_add_(0, slots[start:start + v.shape[0]], v)
+            add_rows(aggregated, slots[start:start + v.shape[0]], v)
             start += v.shape[0]
         return bitmap, aggregated
 
@@ -139,14 +131,12 @@ class BalancedParallelism:
         dtype, D = aggregated.dtype, aggregated.shape[1]
         vsz = D * aggregated.element_size()
         K = aggregated.shape[0]
-        if bitmap.nbytes <= _pad8(K * idx_dtype.itemsize):
+        if bitmap.nbytes <= pad8(K * idx_dtype.itemsize):
             fmt, index = _BITMAP, bitmap
         else:
-            fmt, index = _POSITIONS, _padded(decode(bitmap).astype(idx_dtype).view(np.uint8))
-        values_bytes = aggregated.contiguous().view(-1).view(torch.uint8)
-        payload = torch.cat([torch.from_numpy(np.array([2 * K + fmt], np.int64).view(np.uint8)),
-                             torch.from_numpy(index), values_bytes,
-                             torch.zeros(_pad8(values_bytes.numel()) - values_bytes.numel(), dtype=torch.uint8)])
+            fmt, index = _POSITIONS, decode(bitmap).astype(idx_dtype)
+        payload = torch.cat([to_bytes(np.array([2 * K + fmt], np.int64)), to_bytes(index),
+                             to_bytes(aggregated)])
         recv, _ = transport.allgatherv(payload)
         units, values, off = [], [], 0
         for s in range(n):
@@ -156,17 +146,14 @@ class BalancedParallelism:
                 nb = bitmap_nbytes(h0.server_size(plan.num_units, n, s))
                 j = decode(recv[off:off + nb].numpy())
             else:
-                nb = _pad8(K_s * idx_dtype.itemsize)
+                nb = pad8(K_s * idx_dtype.itemsize)
                 j = recv[off:off + K_s * idx_dtype.itemsize].numpy().view(idx_dtype).astype(np.int64)
             off += nb
             values.append(recv[off:off + K_s * vsz].view(dtype).reshape(K_s, D))
-            off += _pad8(K_s * vsz)
+            off += pad8(K_s * vsz)
             units.append(h0.units_of_cpu(s, j, plan.num_units, n, plan.keys))
         return units, values
 
 
 _BITMAP, _POSITIONS = 0, 1
 
-
-def _padded(b: np.ndarray) -> np.ndarray:
-    return np.concatenate([b, np.zeros(_pad8(b.size) - b.size, np.uint8)])

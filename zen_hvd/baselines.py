@@ -24,8 +24,9 @@ import torch
 
 from .header import COL, COUNTS
 from .units import sorted_unique
-from .hierarchical import (DENSE, POSITIONS, Plan, RecursiveDoubling, add_rows, index_dtype,
-                           nonzero_units, pad8, to_bytes)
+from .hierarchical import DENSE, POSITIONS, Plan, RecursiveDoubling, nonzero_units
+from .units import add_rows
+from .wire import index_dtype, pad8, to_bytes
 
 
 def _vsz(values: torch.Tensor) -> int:

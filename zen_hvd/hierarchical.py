@@ -28,25 +28,10 @@ import numpy as np
 import torch
 
 from .hash_bitmap import bitmap_nbytes, decode, encode
-from .units import sorted_unique
+from .units import add_rows, sorted_unique
+from .wire import index_dtype, pad8, to_bytes
 
 POSITIONS, BITMAP, DENSE = 0, 1, 2
-
-
-def pad8(nbytes: int) -> int:
-    return (int(nbytes) + 7) & ~7
-
-
-def index_dtype(num_units: int):
-    return np.dtype(np.int32) if num_units < 2 ** 31 else np.dtype(np.int64)
-
-
-def to_bytes(array) -> torch.Tensor:
-    """A numpy array or torch tensor as uint8, zero-padded to a multiple of 8 bytes."""
-    t = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8)) if isinstance(array, np.ndarray) \
-        else array.contiguous().view(-1).view(torch.uint8)
-    pad = pad8(t.numel()) - t.numel()
-    return torch.cat([t, torch.zeros(pad, dtype=torch.uint8)]) if pad else t
 
 
 @dataclasses.dataclass
@@ -85,15 +70,6 @@ def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
     add_rows(out, np.searchsorted(units, lower.units), lower.values)
     add_rows(out, np.searchsorted(units, higher.units), higher.values)
     return UnitSet(units, out)
-
-
-def add_rows(out: torch.Tensor, rows: np.ndarray, values: torch.Tensor) -> None:
-    """out[rows] += values (rows unique); a 1-D index_add when D == 1, many times faster."""
-    idx = torch.from_numpy(rows)
-    if out.shape[1] == 1:
-        out.view(-1).index_add_(0, idx, values.reshape(-1))
-    else:
-        out.index_add_(0, idx, values)
 
 
 def _scatter(s: UnitSet, M: int) -> torch.Tensor:

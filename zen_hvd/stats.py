@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .hash_bitmap import bitmap_nbytes
 
 
 def push_imbalance(push_counts: np.ndarray) -> float:
@@ -38,9 +37,3 @@ def balanced_bytes_formula(M: int, n: int, d_G: float, gamma: float, D: int,
     return dict(push=push, pull=pull_values + pull_index, pull_index=pull_index,
                 total=push + pull_values + pull_index)
 
-
-def exact_bitmap_bytes(M: int, n: int, me: int) -> int:
-    """Bitmap bytes worker `me` receives: the other servers' padded bitmaps."""
-    from .cuda_kernels.h0 import server_size
-
-    return sum(bitmap_nbytes(server_size(M, n, s)) for s in range(n) if s != me)

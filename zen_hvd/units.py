@@ -120,6 +120,16 @@ def take_units(values: torch.Tensor, order: np.ndarray) -> torch.Tensor:
     return values.index_select(0, idx)
 
 
+def add_rows(out: torch.Tensor, rows: np.ndarray, values: torch.Tensor) -> None:
+    """out[rows] += values for unique rows of [K, D] tensors (a 1-D index_add when D == 1,
+    several times faster)."""
+    idx = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    if out.shape[1] == 1:
+        out.view(-1).index_add_(0, idx, values.reshape(-1))
+    else:
+        out.index_add_(0, idx, values)
+
+
 def _ascending_order(units: np.ndarray) -> np.ndarray:
     """argsort of unique units. When unit and position fit together in 63 bits, sorting the
     packed keys (unit << b | position) is several times faster than an argsort."""
