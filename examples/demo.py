@@ -70,7 +70,7 @@ for label, out in results.items():
 # Bytes: Zen's are counted by its transport; Horovod's are computed from what each op must
 # deliver to a rank (ring allreduce: 2 (n-1)/n of the table; allgather: the others' parts).
 t_zen, zen_bytes, _ = time_calls(zen, args.repeats)
-info = zen_hvd.last_sync
+info = dict(zen_hvd.last_sync)  # a snapshot: last_sync changes with every sync
 t_dense, _, _ = time_calls(horovod_dense, args.repeats)
 t_ag, _, _ = time_calls(horovod_allgather, args.repeats)
 g = grad.coalesce()

@@ -56,7 +56,7 @@ def main():
     sync = lambda: zen_hvd.sparse_allreduce(grad, name="bench.core", op=zen_hvd.Sum, scheme="balanced",
                                            transport=args.transport)
     t_sync, recv_bytes, _ = time_calls(sync, args.repeats)
-    info = zen_hvd.last_sync
+    info = dict(zen_hvd.last_sync)  # a snapshot: last_sync changes with every sync
     push_imb = stats.push_imbalance(info["push_counts"])
     pull_imb = stats.pull_imbalance(info["pull_counts"])
 
