@@ -31,7 +31,7 @@ from .cuda_kernels import h0, hierarchical_hashing
 from .hash_bitmap import bitmap_nbytes, decode, encode, rank_in_bitmap
 from .header import COUNTS
 from .units import add_rows, take_units
-from .wire import index_dtype, pad8, to_bytes
+from .wire import index_dtype, pack, pad8, part_nbytes, to_bytes, unpack
 
 
 def partitioner(layout) -> str:
@@ -79,39 +79,22 @@ class BalancedParallelism:
 
     # -- step 2: Push -------------------------------------------------------------------
     def push(self, plan, table, transport):
-        n, me = transport.size, transport.rank
-        D = plan.values.shape[1] if plan.values.dim() == 2 else 1
-        isz, vsz = plan.positions.itemsize, D * plan.values.element_size()
-        part = lambda c: pad8(int(c) * isz) + pad8(int(c) * vsz)
-        send_counts = [part(c) for c in plan.counts]
+        me = transport.rank
+        isz, vsz = plan.positions.itemsize, plan.values.shape[1] * plan.values.element_size()
+        starts = np.concatenate([[0], np.cumsum(plan.counts)])
+        send, send_counts = pack([(plan.positions[a:b], plan.values[a:b])     # server order
+                                  for a, b in zip(starts[:-1], starts[1:])], plan.positions.dtype)
         from_worker = table[:, COUNTS + me]                    # |I_i^me| for every worker i
-        recv_counts = [part(c) for c in from_worker]
-        send = torch.zeros(sum(send_counts), dtype=torch.uint8)
-        idx_bytes = torch.from_numpy(plan.positions.view(np.uint8))
-        val_bytes = plan.values.contiguous().view(-1).view(torch.uint8)
-        off, start = 0, 0
-        for c in plan.counts:                                   # server order = rank order
-            c = int(c)
-            send[off:off + c * isz] = idx_bytes[start * isz:(start + c) * isz]
-            off += pad8(c * isz)
-            send[off:off + c * vsz] = val_bytes[start * vsz:(start + c) * vsz]
-            off += pad8(c * vsz)
-            start += c
+        recv_counts = [part_nbytes(c, isz, vsz) for c in from_worker]
         return transport.alltoallv(send, send_counts, recv_counts), from_worker
 
     # -- step 3: aggregate in rank order ------------------------------------------------
     def aggregate(self, plan, recv, from_worker, me, n):
-        dtype, D = plan.values.dtype, (plan.values.shape[1] if plan.values.dim() == 2 else 1)
-        isz, vsz = plan.positions.itemsize, D * plan.values.element_size()
+        dtype, D = plan.values.dtype, plan.values.shape[1]
         nbits = h0.server_size(plan.num_units, n, me)           # |I_me|
-        positions, values, off = [], [], 0
-        for c in from_worker:
-            c = int(c)
-            positions.append(recv[off:off + c * isz].numpy().view(plan.positions.dtype).astype(np.int64))
-            off += pad8(c * isz)
-            values.append(recv[off:off + c * vsz].view(dtype).reshape(c, D))
-            off += pad8(c * vsz)
-        all_pos = np.concatenate(positions)
+        parts = unpack(recv, from_worker, plan.positions.dtype, D, dtype)
+        values = [v for _, v in parts]
+        all_pos = np.concatenate([j for j, _ in parts])
         bitmap = encode(all_pos, nbits)                          # I'_me as a hash bitmap
         slots = rank_in_bitmap(bitmap, all_pos)
         K = int(slots.max()) + 1 if slots.size else 0

@@ -26,7 +26,7 @@ from .header import COL, COUNTS
 from .units import sorted_unique
 from .hierarchical import DENSE, POSITIONS, Plan, RecursiveDoubling, nonzero_units
 from .units import add_rows
-from .wire import index_dtype, pad8, to_bytes
+from .wire import index_dtype, pack, part_nbytes, unpack
 
 
 def _vsz(values: torch.Tensor) -> int:
@@ -35,33 +35,6 @@ def _vsz(values: torch.Tensor) -> int:
 
 def _local(units, values, layout, transport) -> Plan:
     return Plan(np.zeros(transport.size, np.int64), units, values, layout.num_units)
-
-
-def pack(parts, idx_dtype) -> tuple:
-    """parts: [(indices np, values torch [k, W])] -> one uint8 buffer, bytes per part."""
-    bufs, counts = [], []
-    for idx, vals in parts:
-        b = torch.cat([to_bytes(idx.astype(idx_dtype)), to_bytes(vals)])
-        bufs.append(b)
-        counts.append(b.numel())
-    return (torch.cat(bufs) if bufs else torch.zeros(0, dtype=torch.uint8)), counts
-
-
-def part_nbytes(k: int, isz: int, vsz: int) -> int:
-    return pad8(k * isz) + pad8(k * vsz)
-
-
-def unpack(buf, ks, idx_dtype, W, dtype) -> list:
-    """Inverse of pack, given the number of indices per part and W values per index."""
-    out, off = [], 0
-    isz, vsz = idx_dtype.itemsize, W * torch.empty(0, dtype=dtype).element_size()
-    for k in ks:
-        k = int(k)
-        idx = buf[off:off + k * isz].numpy().view(idx_dtype).astype(np.int64)
-        off += pad8(k * isz)
-        out.append((idx, buf[off:off + k * vsz].view(dtype).reshape(k, W)))
-        off += pad8(k * vsz)
-    return out
 
 
 def sum_in_rank_order(parts, W, dtype):
@@ -126,7 +99,7 @@ class SparCML(RecursiveDoubling):
     name = "sparcml"
 
     def choose_format(self, s, M, isz, vsz):
-        if s.units is None or pad8(s.size * isz) + pad8(s.size * vsz) > M * vsz:
+        if s.units is None or part_nbytes(s.size, isz, vsz) > M * vsz:
             return DENSE
         return POSITIONS
 

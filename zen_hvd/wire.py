@@ -1,6 +1,9 @@
 """Wire-format helpers shared by the schemes: how indices and values are laid out in the byte
 buffers the transports move.
 
+A COO part is [k indices, padded][k x W values, padded]; a buffer is parts back to back
+(one per destination rank for an alltoallv).
+
 Every part of a buffer (an index block, a value block, a bitmap) starts at a multiple of 8
 bytes, so that a part can be viewed in place as int32/int64/float64 values (torch refuses
 misaligned views)."""
@@ -26,3 +29,40 @@ def to_bytes(array) -> torch.Tensor:
         else array.contiguous().view(-1).view(torch.uint8)
     pad = pad8(t.numel()) - t.numel()
     return torch.cat([t, torch.zeros(pad, dtype=torch.uint8)]) if pad else t
+
+
+def part_nbytes(k: int, isz: int, vsz: int) -> int:
+    """Bytes of one COO part: k indices of isz bytes and k rows of vsz bytes, each padded."""
+    return pad8(int(k) * isz) + pad8(int(k) * vsz)
+
+
+def pack(parts, idx_dtype) -> tuple:
+    """parts: [(indices numpy [k], values torch [k, W])] -> (one uint8 buffer, bytes per part).
+    One allocation; each index and value block is copied once."""
+    idx_dtype = np.dtype(idx_dtype)
+    counts = [part_nbytes(i.size, idx_dtype.itemsize, v.shape[1] * v.element_size())
+              for i, v in parts]
+    buf = torch.zeros(sum(counts), dtype=torch.uint8)
+    off = 0
+    for (idx, vals), c in zip(parts, counts):
+        ib = torch.from_numpy(np.ascontiguousarray(idx, dtype=idx_dtype).view(np.uint8))
+        vb = vals.contiguous().view(-1).view(torch.uint8)
+        buf[off:off + ib.numel()] = ib
+        buf[off + pad8(ib.numel()):off + pad8(ib.numel()) + vb.numel()] = vb
+        off += c
+    return buf, counts
+
+
+def unpack(buf, ks, idx_dtype, W, dtype) -> list:
+    """Inverse of pack, given the number of indices per part and W values per index:
+    [(int64 indices, values viewed in place [k, W])]."""
+    idx_dtype = np.dtype(idx_dtype)
+    out, off = [], 0
+    isz, vsz = idx_dtype.itemsize, W * torch.empty(0, dtype=dtype).element_size()
+    for k in ks:
+        k = int(k)
+        idx = buf[off:off + k * isz].numpy().view(idx_dtype).astype(np.int64)
+        off += pad8(k * isz)
+        out.append((idx, buf[off:off + k * vsz].view(dtype).reshape(k, W)))
+        off += pad8(k * vsz)
+    return out
