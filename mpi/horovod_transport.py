@@ -1,5 +1,9 @@
 """Transport over Horovod's collectives: hvd.alltoall with splits (Push), hvd.allgather (Pull).
 
+Horovod has no point-to-point operations; its alltoall returns the received splits, so Push and
+Pull are one alltoall each (Pull sends the same bytes to every rank) and no round is spent on
+sizes.
+
 Works under `horovodrun --gloo` (no MPI job) as well as under mpirun, and with any process set.
 """
 from __future__ import annotations
@@ -7,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .transport import Transport
+from .transport import Transport, split
 
 
 class HorovodTransport(Transport):
@@ -36,6 +40,15 @@ class HorovodTransport(Transport):
         if received.tolist() != recv_counts:
             raise RuntimeError(f"alltoall received splits {received.tolist()}, expected {recv_counts}")
         return out
+
+    def _push(self, send, send_counts):
+        splits = torch.tensor(send_counts, dtype=torch.int32)
+        out, received = self._hvd.alltoall(send, splits=splits, name=self._name(),
+                                            process_set=self._ps)
+        return split(out, received.tolist())
+
+    def _pull(self, send):
+        return self._push(send.repeat(self.size), [send.numel()] * self.size)
 
     def _allgatherv(self, send, recv_counts):
         return self._hvd.allgather(send, name=self._name(), process_set=self._ps)

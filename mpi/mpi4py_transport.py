@@ -1,5 +1,9 @@
-"""Transport over mpi4py: Alltoallv (Push) and Allgatherv (Pull) on a private communicator.
+"""Transport over mpi4py on a private communicator: Push and Pull point to point.
 
+Push and Pull: one Isend per peer, then a matched probe (Mprobe) per incoming message gives its
+size; all incoming messages land in one receive buffer allocated once their sizes are known.
+So a round costs one message per peer, and no size exchange. The collectives (Alltoallv,
+Allgatherv, Allgather, Allreduce) serve the baselines and control values.
 Buffers are the torch tensors' own memory (no copies); counts and displacements are explicit.
 Needs a real MPI job (mpirun, or horovodrun with MPI); under `horovodrun --gloo` there is none.
 """
@@ -8,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .transport import Transport, displacements
+from .transport import Transport, displacements, split
+
+PUSH_TAG, PULL_TAG = 101, 102
 
 
 class Mpi4pyTransport(Transport):
@@ -30,6 +36,40 @@ class Mpi4pyTransport(Transport):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+
+    def _exchange(self, sends, tag):
+        """sends[r] (numpy uint8 or None) goes to rank r; returns the received parts as views
+        of one buffer (the part from this rank is empty)."""
+        MPI, comm, me = self._MPI, self.comm, self.rank
+        reqs = [comm.Isend([buf, MPI.BYTE], dest=r, tag=tag)
+                for r, buf in enumerate(sends) if r != me]
+        # Probe per source, not ANY_SOURCE: a peer that raised a header error may already
+        # have sent its next sync's message, which must wait behind this one (MPI keeps each
+        # source's messages in order).
+        msgs, counts, status = [None] * self.size, [0] * self.size, MPI.Status()
+        for src in range(self.size):
+            if src != me:
+                msgs[src] = comm.Mprobe(source=src, tag=tag, status=status)
+                counts[src] = status.Get_count(MPI.BYTE)
+        recv = torch.empty(sum(counts), dtype=torch.uint8)
+        parts = split(recv, counts)
+        for src, msg in enumerate(msgs):
+            if msg is not None:
+                msg.Recv([parts[src].numpy(), MPI.BYTE])
+        MPI.Request.Waitall(reqs)
+        return parts
+
+    def _push(self, send, send_counts):
+        mine = split(send, send_counts)
+        parts = self._exchange([p.numpy() for p in mine], PUSH_TAG)
+        parts[self.rank] = mine[self.rank]
+        return parts
+
+    def _pull(self, send):
+        buf = send.numpy()
+        parts = self._exchange([buf] * self.size, PULL_TAG)
+        parts[self.rank] = send
+        return parts
 
     def _alltoallv(self, send, send_counts, recv_counts):
         recv = torch.empty(sum(recv_counts), dtype=torch.uint8)

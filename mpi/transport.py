@@ -10,6 +10,15 @@ and counts, per call, the bytes this rank sent to and received from *other* rank
 
 Buffer layout is always rank-major: part r of a send (or receive) buffer goes to (came from)
 rank r, parts back to back in rank order.
+
+Push and Pull (balanced parallelism's two rounds, and every scheme's first round) are
+point-to-point where the transport allows it, and the receiver learns each message's size from
+the message itself (a matched probe, or a length sent with it), so no round is spent on sizes:
+
+- push(send, send_counts): part r of `send` goes to rank r; returns the n parts received;
+- pull(send): `send` goes to every other rank; returns the n parts received.
+Both return a list of n uint8 tensors, part `rank` being this rank's own (not sent). The first
+`control` bytes of every part (a header) are counted as control bytes, the rest as data.
 """
 from __future__ import annotations
 
@@ -65,6 +74,14 @@ class Transport:
     def _allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def _push(self, send: torch.Tensor, send_counts: list) -> list:
+        """Point-to-point all-to-all with sizes carried by the messages (see the module doc)."""
+        raise NotImplementedError
+
+    def _pull(self, send: torch.Tensor) -> list:
+        """`send` to every other rank; what every rank sent, sizes carried by the messages."""
+        raise NotImplementedError
+
     # -- the counted interface -----------------------------------------------------------
     def alltoallv(self, send: torch.Tensor, send_counts, recv_counts) -> torch.Tensor:
         """Part r of `send` (send_counts[r] bytes) goes to rank r; returns the received parts,
@@ -88,6 +105,33 @@ class Transport:
         out = self._allgatherv(send, recv_counts)
         self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel())
         return out, recv_counts
+
+    def push(self, send: torch.Tensor, send_counts, control: int = 0) -> list:
+        """Part r of `send` (send_counts[r] bytes) goes to rank r. Returns the n parts received
+        (part `rank` is this rank's own slice of `send`), rank-major, sizes from the messages."""
+        send_counts = [int(c) for c in send_counts]
+        assert send.dtype == torch.uint8 and send.numel() == sum(send_counts)
+        parts = self._push(send, send_counts)
+        self._count(sum(send_counts) - send_counts[self.rank],
+                    sum(p.numel() for p in parts) - parts[self.rank].numel(), control)
+        return parts
+
+    def pull(self, send: torch.Tensor, control: int = 0) -> list:
+        """`send` goes to every other rank. Returns the n parts received, part `rank` being
+        `send` itself."""
+        assert send.dtype == torch.uint8
+        parts = self._pull(send) if self.size > 1 else [send]
+        self._count(send.numel() * (self.size - 1),
+                    sum(p.numel() for p in parts) - send.numel(), control)
+        return parts
+
+    def _count(self, sent: int, received: int, control: int) -> None:
+        """Counts one point-to-point round: `control` header bytes per message, rest data."""
+        peers = self.size - 1
+        self.stats.add(sent - control * peers, received - control * peers)
+        if control:
+            self.stats.add(control * peers, control * peers, control=True)
+            self.stats.calls -= 1
 
     def allgather_int64(self, row) -> np.ndarray:
         """Gather one fixed-length int64 row from every rank: returns shape (size, len(row))."""
@@ -127,6 +171,15 @@ class Transport:
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Rank `root`'s integer, on every rank."""
         return int(self.allgather_int64([int(value)])[root, 0])
+
+
+def split(buf: torch.Tensor, counts) -> list:
+    """Rank-major buffer -> its parts (views, no copies)."""
+    parts, off = [], 0
+    for c in counts:
+        parts.append(buf[off:off + int(c)])
+        off += int(c)
+    return parts
 
 
 def displacements(counts) -> np.ndarray:

@@ -1,6 +1,6 @@
 """zen_hvd.DistributedOptimizer on real ranks, against horovod.torch.DistributedOptimizer and a
 one-process reference: 2 and 4 ranks under mpirun (mpi4py transport) and horovodrun --gloo
-(Horovod transport). The cases are in tests/mpi/optimizer_cases.py."""
+(torch.distributed transport). The cases are in tests/mpi/optimizer_cases.py."""
 import pytest
 
 from conftest import horovodrun_gloo, mpirun
@@ -17,4 +17,4 @@ def test_optimizer_cases_mpirun(ranks):
 def test_optimizer_cases_horovodrun_gloo(ranks):
     proc = horovodrun_gloo(ranks, "optimizer_cases.py", timeout=300)
     assert "all cases passed (" in proc.stdout
-    assert f" cases, {ranks} ranks, gloo, transport horovod)" in proc.stdout
+    assert f" cases, {ranks} ranks, gloo, transport torch)" in proc.stdout

@@ -6,7 +6,7 @@ from conftest import mpirun
 
 
 @pytest.mark.parametrize("ranks,transport", [(1, "mpi4py"), (3, "mpi4py"), (4, "mpi4py"),
-                                             (2, "horovod"), (5, "horovod")])
+                                             (2, "horovod"), (5, "horovod"), (3, "torch")])
 def test_scheme_cases(ranks, transport):
     proc = mpirun(ranks, "scheme_cases.py", "--transport", transport, "--examples", 4)
     assert "all cases passed" in proc.stdout

@@ -1,4 +1,4 @@
-"""sparse_allreduce on real ranks: 1 to 5 ranks under mpirun, both transports, and under
+"""sparse_allreduce on real ranks: 1 to 5 ranks under mpirun, every transport, and under
 horovodrun --gloo. The cases themselves are in tests/mpi/sync_cases.py."""
 import pytest
 
@@ -13,9 +13,20 @@ def test_sync_cases_mpirun(ranks, transport):
     assert "all cases passed" in proc.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_sync_cases_torch_transport_mpirun(ranks):
+    proc = mpirun(ranks, "sync_cases.py", "--transport", "torch", "--examples", 8)
+    assert "all cases passed" in proc.stdout and "torch transport" in proc.stdout
+
+
 def test_sync_cases_horovodrun_gloo():
-    # No MPI job: the default transport must be Horovod's collectives.
+    # No MPI job: the default transport is torch.distributed point to point.
     proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)
+    assert "all cases passed" in proc.stdout and "torch transport" in proc.stdout
+
+
+def test_sync_cases_horovodrun_gloo_horovod_transport():
+    proc = horovodrun_gloo(3, "sync_cases.py", "--transport", "horovod", "--examples", 5)
     assert "all cases passed" in proc.stdout and "horovod transport" in proc.stdout
 
 

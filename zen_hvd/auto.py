@@ -30,7 +30,6 @@ import os
 import numpy as np
 
 from . import costmodel
-from .header import COL
 
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
@@ -46,6 +45,7 @@ class Profile:
     stage_gammas: list | None = None     # measured gamma_{2^(i-1)}, i = 1..log2 p
     predicted: dict = dataclasses.field(default_factory=dict)
     decided_at: int = -1
+    recheck: int = dataclasses.field(default_factory=lambda: recheck_every())  # read once
 
 
 _profiles: dict = {}
@@ -57,27 +57,29 @@ def recheck_every() -> int:
 
 def choose(name: str) -> str:
     """The concrete scheme for this call of tensor `name` (the same on every rank)."""
-    return _profiles.get(name, Profile()).scheme
+    prof = _profiles.get(name)
+    return FIRST if prof is None else prof.scheme
 
 
-def is_check_call(calls: int) -> bool:
-    return calls in (1, 2) or calls % recheck_every() == 0
+def is_check_call(calls: int, recheck: int) -> bool:
+    return calls in (1, 2) or calls % recheck == 0
 
 
-def observe(name, scheme, layout, table, info, transport) -> None:
-    """After a sync of `name` with `scheme`: update the profile; on a check call, decide."""
-    prof = _profiles.setdefault(name, Profile())
+def observe(name, scheme, layout, info, transport) -> None:
+    """After a sync of `name` with `scheme`: count it; on a check call, update the profile
+    from what the sync returned (info: every rank's nnz, the union's size) and decide. Other
+    calls cost one dictionary lookup."""
+    prof = _profiles.get(name)
+    if prof is None:
+        prof = _profiles[name] = Profile()
     prof.calls += 1
-    n, M = transport.size, layout.num_units
-    k = float(table[:, COL["nnz"]].mean())
-    prof.d_G = k / M if M else 0.0
-    union = info.get("union_size")
-    if union is None and "pull_counts" in info:      # balanced: the servers' aggregated sets
-        union = int(np.sum(info["pull_counts"]))
-    if union is not None and k > 0:
-        prof.gamma_n = union / k
-    if not is_check_call(prof.calls):
+    if not is_check_call(prof.calls, prof.recheck):
         return
+    n, M = transport.size, layout.num_units
+    k = float(np.mean(info["nnz"]))
+    prof.d_G = k / M if M else 0.0
+    if k > 0:
+        prof.gamma_n = info["union_size"] / k
     if scheme == "hierarchical" and n > 1:
         prof.stage_gammas = _measured_stage_gammas(info, transport, k)
     import torch

@@ -2,17 +2,23 @@
 
 Every rank is a worker and a server. With h0 (first-level hash, a keyed bijection pi of the M
 units, the same on every rank) unit u belongs to server p = pi(u) mod n at bit j = pi(u) div n.
-  1. partition: group the worker's units by server (hierarchical hashing on the GPU, a
-     counting sort on the CPU: cuda_kernels.hierarchical_hashing);
-  2. Push (COO): worker i sends server p the bit positions j and the values of its units in
-     I_p: one alltoallv;
-  3. aggregate: server p sums what it received in rank order 0..n-1 (so every run computes the
-     same bits) into its aggregated set I'_p, kept in bitmap order;
-  4. Pull (hash bitmap, Algorithm 2): server p sends every worker the bitmap of I'_p over I_p
-     and the aggregated values in bitmap order: one allgatherv (a server whose aggregated set
-     is sparser than 1 in 8 x index bytes sends its positions instead: whichever is smaller);
-  5. decode: bit j of server p is unit pi^-1(j n + p).
-Bytes received per worker (exact, besides <= 7 bytes of alignment padding per part):
+A sync is two point-to-point rounds and three passes over the values (cuda_kernels/data_path):
+  1. partition and pack (pass 1): the worker groups its units by server (a fused h0 + counting
+     placement on the CPU, hierarchical hashing on the GPU) and writes each server's positions j
+     and values straight into that server's part of the Push buffer;
+  2. Push (round 1): part p goes to server p, point to point. Every part starts with the
+     worker's header (header.py), so every rank holds every rank's header after this round
+     and all raise the same error when they disagree; no round is spent on headers or sizes;
+  3. aggregate (pass 2): server p builds the hash bitmap of I'_p over I_p from the received
+     positions and adds the workers' values in rank order 0..n-1 (so every run computes the
+     same bits) straight into the Pull buffer, at each unit's rank in the bitmap; the
+     prescale factor rides on this addition;
+  4. Pull (round 2, Algorithm 2): server p sends every worker [int64 tag = 2 K + format]
+     [hash bitmap of I'_p, or its K positions when those take fewer bytes][K x D values];
+  5. decode and scatter (pass 3): bit j of server p is unit pi^-1(j n + p); the values, times
+     the postscale factor (Average's 1/n folded in), go straight into the output.
+Bytes received per worker (data bytes, exact besides <= 7 bytes of alignment padding per part;
+the headers are counted as control bytes):
   Push: sum over other workers i of |I_i^p| (index bytes + D value bytes);
   Pull: sum over other servers s of 8 + min(bitmap_nbytes(|I_s|), |I'_s| index bytes)
         + |I'_s| D value bytes,
@@ -21,122 +27,184 @@ at most M (n-1) / (8 n) bitmap bytes.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
 import torch
 
+from .cuda_kernels import data_path as kernels
 from .cuda_kernels import h0, hierarchical_hashing
-from .hash_bitmap import bitmap_nbytes, decode, encode, rank_in_bitmap
-from .header import COUNTS
-from .units import add_rows, take_units
-from .wire import index_dtype, pack, pad8, part_nbytes, to_bytes, unpack
+from .header import COL, COUNTS, InvalidTensorError, check_table
+from .units import INDEX_OUT_OF_RANGE, OK, sparse_result
+from .wire import BITMAP, POSITIONS, index_dtype, pad8
+
+_MALFORMED = -1  # Pull tag of a server that received a Push part of the wrong size
 
 
 def partitioner(layout) -> str:
-    """"gpu" (hierarchical hashing kernel) or "cpu" (counting sort): ZEN_HVD_PARTITIONER if
-    set, else where the tensor lives. Both give the same units per server."""
+    """"gpu" (hierarchical hashing kernel) or "cpu" (fused h0 + counting placement):
+    ZEN_HVD_PARTITIONER if set, else where the tensor lives. Both give the same units per
+    server."""
     choice = os.environ.get("ZEN_HVD_PARTITIONER") or ("gpu" if layout.device_type == "cuda" else "cpu")
     if choice not in ("gpu", "cpu"):
         raise ValueError(f"ZEN_HVD_PARTITIONER must be 'gpu' or 'cpu', not {choice!r}")
     return choice
 
 
-@dataclasses.dataclass
-class Plan:
-    counts: np.ndarray          # units this worker pushes to each server
-    positions: np.ndarray       # bit positions j, grouped by server
-    values: torch.Tensor        # values in the same order
-    num_units: int
-    keys: np.ndarray
+def _partition(src, layout, n, seed, rank, keys):
+    """(part, local, pos, counts, bad) per input entry, as kernels.partition returns them."""
+    M = layout.num_units
+    if partitioner(layout) == "cpu":
+        return kernels.partition(src.units, M, h0.domain_bits(M), n, keys, src.unique)
+    # Algorithm 1 on the GPU (or the CUDA simulator); it takes unique units in range.
+    units = src.units
+    if units.size and (units.min() < 0 or units.max() >= M):
+        bad = int(np.flatnonzero((units < 0) | (units >= M))[0])
+        return None, None, None, np.zeros(n, np.int64), bad
+    uniq, inverse = (units, None) if src.unique else np.unique(units, return_inverse=True)
+    order, counts, pos = hierarchical_hashing.group_by_partition_gpu(
+        uniq, M, n, keys, h0.second_level_seeds(seed, rank, 3))
+    starts = np.cumsum(counts) - counts
+    server = np.repeat(np.arange(n), counts)
+    part, local, upos = (np.empty(uniq.size, np.int64) for _ in range(3))
+    part[order], local[order], upos[order] = server, np.arange(order.size) - starts[server], pos
+    if inverse is not None:
+        part, local, upos = part[inverse], local[inverse], upos[inverse]
+    return part, local, upos, np.asarray(counts, np.int64), -1
 
 
 class BalancedParallelism:
     name = "balanced"
 
-    def plan(self, units, values, layout, transport, seed) -> Plan:
-        n, M = transport.size, layout.num_units
-        keys = h0.derive_keys(seed)
-        if partitioner(layout) == "gpu":  # Algorithm 1 on the GPU (or the CUDA simulator)
-            seeds = h0.second_level_seeds(seed, transport.rank, 3)
-            order, counts, pos = hierarchical_hashing.group_by_partition_gpu(units, M, n, keys, seeds)
-        else:                             # its CPU twin: a stable counting sort
-            order, counts, pos = hierarchical_hashing.group_by_partition_cpu(units, M, n, keys)
-        grouped = take_units(values, order)
-        return Plan(counts.astype(np.int64), pos.astype(index_dtype(-(-M // n))), grouped, M, keys)
+    def sync(self, name, src, layout, header, ctx, scheme_names, vdtype, prescale, scale, divisor,
+             out=None):
+        """One sync of a Source. Returns (units ascending or None, values, info): with `out`
+        (a dense [M, D] numpy array, zero outside the union) the result is written there and
+        units is None; otherwise values is a new [K, D] array of the union's units."""
+        tr, keys = ctx.transport, ctx.keys
+        n, me, M, D = tr.size, tr.rank, layout.num_units, layout.unit_size
+        idt = index_dtype(h0.server_size(M, n, 0))
+        isz, vsz = idt.itemsize, D * vdtype.itemsize
 
-    def run(self, plan: Plan, table: np.ndarray, transport):
-        n, me = transport.size, transport.rank
-        recv, from_worker = self.push(plan, table, transport)
-        bitmap, aggregated = self.aggregate(plan, recv, from_worker, me, n)
-        units, values = self.pull(plan, bitmap, aggregated, transport)
-        info = dict(push_counts=table[:, COUNTS:COUNTS + n].copy(),
-                    pull_counts=np.array([v.shape[0] for v in values], dtype=np.int64))
-        units = np.concatenate(units) if units else np.zeros(0, np.int64)
-        values = torch.cat(values) if values else plan.values[:0]
-        return units, values, info
+        # 1. partition and pack (pass 1)
+        counts = np.zeros(n, np.int64)
+        if header[COL["error"]] == OK:
+            part, local, pos, counts, bad = _partition(src, layout, n, ctx.seed, me, keys)
+            if bad >= 0:
+                header[COL["error"]], header[COL["error_detail"]] = INDEX_OUT_OF_RANGE, src.units[bad]
+                counts = np.zeros(n, np.int64)
+        header[COL["nnz"]] = counts.sum()
+        header[COUNTS:] = counts
+        H = header.nbytes
+        sizes = H + ((counts * isz + 7) & ~7) + ((counts * vsz + 7) & ~7)
+        offs = np.cumsum(sizes) - sizes
+        send = torch.zeros(int(sizes.sum()), dtype=torch.uint8)
+        buf = send.numpy()
+        for off in offs:
+            buf[off:off + H].view(np.int64)[:] = header
+        if counts.sum():
+            idx_off = (offs + H) // isz
+            val_off = (offs + H + ((counts * isz + 7) & ~7)) // vdtype.itemsize
+            kernels.pack(buf.view(idt), buf.view(vdtype), idx_off, val_off, part, local, pos,
+                         src.units, src.values, src.dense_src, src.unique)
 
-    # -- step 2: Push -------------------------------------------------------------------
-    def push(self, plan, table, transport):
-        me = transport.rank
-        isz, vsz = plan.positions.itemsize, plan.values.shape[1] * plan.values.element_size()
-        starts = np.concatenate([[0], np.cumsum(plan.counts)])
-        send, send_counts = pack([(plan.positions[a:b], plan.values[a:b])     # server order
-                                  for a, b in zip(starts[:-1], starts[1:])], plan.positions.dtype)
-        from_worker = table[:, COUNTS + me]                    # |I_i^me| for every worker i
-        recv_counts = [part_nbytes(c, isz, vsz) for c in from_worker]
-        return transport.alltoallv(send, send_counts, recv_counts), from_worker
+        # 2. Push (round 1), the header check
+        parts = tr.push(send, sizes, control=H)
+        table, short = _header_table(parts, H, header.size)
+        if not short:
+            check_table(name, table, scheme_names)
 
-    # -- step 3: aggregate in rank order ------------------------------------------------
-    def aggregate(self, plan, recv, from_worker, me, n):
-        dtype, D = plan.values.dtype, plan.values.shape[1]
-        nbits = h0.server_size(plan.num_units, n, me)           # |I_me|
-        parts = unpack(recv, from_worker, plan.positions.dtype, D, dtype)
-        values = [v for _, v in parts]
-        all_pos = np.concatenate([j for j, _ in parts])
-        bitmap = encode(all_pos, nbits)                          # I'_me as a hash bitmap
-        slots = rank_in_bitmap(bitmap, all_pos)
-        K = int(slots.max()) + 1 if slots.size else 0
-        aggregated = torch.zeros((K, D), dtype=dtype)
-        start = 0
-        for v in values:                                          # rank order 0..n-1
-            add_rows(aggregated, slots[start:start + v.shape[0]], v)
-            start += v.shape[0]
-        return bitmap, aggregated
-
-    # -- steps 4 and 5: Pull with the hash bitmap, decode -------------------------------
-    def pull(self, plan, bitmap, aggregated, transport):
-        """Server part: [int64 tag = 2 K + format][index part][values, padded]. The index part
-        is the hash bitmap, or, when the aggregated set is so sparse that K positions take
-        fewer bytes than |I_p| bits (gamma d_G < 1/(8 index bytes)), the positions in bitmap order."""
-        n, idx_dtype = transport.size, plan.positions.dtype
-        dtype, D = aggregated.dtype, aggregated.shape[1]
-        vsz = D * aggregated.element_size()
-        K = aggregated.shape[0]
-        if bitmap.nbytes <= pad8(K * idx_dtype.itemsize):
-            fmt, index = _BITMAP, bitmap
+        # 3. aggregate (pass 2)
+        from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
+        expected = H + ((from_worker * isz + 7) & ~7) + ((from_worker * vsz + 7) & ~7)
+        malformed = short or [r for r in range(n) if parts[r].numel() != expected[r]]
+        if malformed:
+            pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8))
         else:
-            fmt, index = _POSITIONS, decode(bitmap).astype(idx_dtype)
-        payload = torch.cat([to_bytes(np.array([2 * K + fmt], np.int64)), to_bytes(index),
-                             to_bytes(aggregated)])
-        recv, _ = transport.allgatherv(payload)
-        units, values, off = [], [], 0
-        for s in range(n):
-            tag = int(recv[off:off + 8].numpy().view(np.int64)[0])
-            K_s, off = tag >> 1, off + 8
-            if tag & 1 == _BITMAP:
-                nb = bitmap_nbytes(h0.server_size(plan.num_units, n, s))
-                j = decode(recv[off:off + nb].numpy())
+            pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale)
+
+        # 4. Pull (round 2)
+        pulled = tr.pull(pull)
+        tags = [int(p[:8].numpy().view(np.int64)[0]) if p.numel() >= 8 else _MALFORMED for p in pulled]
+        if _MALFORMED in tags:
+            bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
+            raise InvalidTensorError(
+                f"zen_hvd: tensor {name!r}: servers {bad} received a Push message whose size "
+                "does not match its header (a peer sent a different tensor or a corrupt message)")
+
+        # 5. decode and scatter (pass 3)
+        B = h0.domain_bits(M)
+        K = np.array([t >> 1 for t in tags], np.int64)
+        starts = np.cumsum(K) - K
+        all_units = np.empty(int(K.sum()), np.int64)
+        views = []
+        for s, (p, t) in enumerate(zip(pulled, tags)):
+            nb = (h0.server_size(M, n, s) + 63) // 64 * 8 if t & 1 == BITMAP else pad8(K[s] * isz)
+            if p.numel() != 8 + nb + pad8(K[s] * vsz):
+                raise InvalidTensorError(f"zen_hvd: tensor {name!r}: the Pull message of server {s} "
+                                         f"has {p.numel()} bytes, its tag says {8 + nb + pad8(K[s] * vsz)}")
+            b = p.numpy()
+            dst = all_units[starts[s]:starts[s] + K[s]]
+            if t & 1 == BITMAP:
+                kernels.units_of_bitmap(b[8:8 + nb].view(np.uint64), s, n, M, B, keys, dst)
             else:
-                nb = pad8(K_s * idx_dtype.itemsize)
-                j = recv[off:off + K_s * idx_dtype.itemsize].numpy().view(idx_dtype).astype(np.int64)
-            off += nb
-            values.append(recv[off:off + K_s * vsz].view(dtype).reshape(K_s, D))
-            off += pad8(K_s * vsz)
-            units.append(h0.units_of_cpu(s, j, plan.num_units, n, plan.keys))
-        return units, values
+                kernels.units_of_positions(b[8:8 + K[s] * isz].view(idt), s, n, M, B, keys, dst)
+            views.append(b[8 + nb:8 + nb + K[s] * vsz].view(vdtype).reshape(K[s], D))
+        if out is not None or not layout.sparse:
+            target = out if out is not None else np.zeros((M, D), vdtype)
+            units = None
+            for s in range(n):
+                kernels.scatter(target, all_units[starts[s]:starts[s] + K[s]], views[s], scale, divisor)
+        else:
+            order = np.argsort(all_units)
+            rank_of = np.empty_like(order)
+            rank_of[order] = np.arange(order.size)
+            target = np.empty((order.size, D), vdtype)
+            for s in range(n):
+                kernels.scatter(target, rank_of[starts[s]:starts[s] + K[s]], views[s], scale, divisor)
+            units = all_units[order]
+        info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=K, union_size=int(K.sum()),
+                    nnz=table[:, COL["nnz"]])
+        return units, target, info
+
+    @staticmethod
+    def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale):
+        """The Pull buffer of server me: tag, hash bitmap (or positions), values summed in rank
+        order at their slots."""
+        isz, vsz = idt.itemsize, D * vdtype.itemsize
+        positions, values = [], []
+        for p, k in zip(parts, from_worker):
+            b = p.numpy()
+            positions.append(b[H:H + k * isz].view(idt))
+            v0 = H + pad8(k * isz)
+            values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
+        words = np.zeros((h0.server_size(M, n, me) + 63) // 64, np.uint64)
+        for j in positions:
+            kernels.set_bits(words, j)
+        prefix, K = kernels.word_prefix(words)                 # K = |I'_me|
+        fmt = BITMAP if words.nbytes <= pad8(K * isz) else POSITIONS
+        nb = words.nbytes if fmt == BITMAP else pad8(K * isz)
+        pull = torch.zeros(8 + nb + pad8(K * vsz), dtype=torch.uint8)
+        b = pull.numpy()
+        b[:8].view(np.int64)[0] = 2 * K + fmt
+        if fmt == BITMAP:
+            b[8:8 + nb].view(np.uint64)[:] = words
+        else:
+            tmp = np.empty(K, np.int64)
+            kernels.bitmap_positions(words, tmp)
+            b[8:8 + K * isz].view(idt)[:] = tmp
+        acc = b[8 + nb:8 + nb + K * vsz].view(vdtype).reshape(K, D)
+        for j, v in zip(positions, values):                    # rank order 0..n-1
+            kernels.add_part(acc, words, prefix, j, v, prescale)
+        return pull
 
 
-_BITMAP, _POSITIONS = 0, 1
-
+def _header_table(parts, H, width):
+    """Every rank's header, from the first H bytes of its Push part, and the ranks whose part
+    is too short to hold one."""
+    table = np.zeros((len(parts), width), np.int64)
+    short = [r for r, p in enumerate(parts) if p.numel() < H]
+    for r, p in enumerate(parts):
+        if r not in short:
+            table[r] = p[:H].numpy().view(np.int64)
+    return table, short

@@ -29,9 +29,7 @@ import torch
 
 from .hash_bitmap import bitmap_nbytes, decode, encode
 from .units import add_rows, sorted_unique
-from .wire import index_dtype, pad8, to_bytes
-
-POSITIONS, BITMAP, DENSE = 0, 1, 2
+from .wire import BITMAP, DENSE, POSITIONS, index_dtype, pad8, to_bytes
 
 
 @dataclasses.dataclass

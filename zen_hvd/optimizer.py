@@ -22,23 +22,29 @@ Which gradients go where:
   - Every other gradient: Horovod's allreduce. sparse_as_dense=True sends everything there.
 
 Ordering. A Zen sync is a collective that every rank must issue in the same order. One worker
-thread per step walks the Zen parameters in a fixed order (reverse registration order, the
-order backward usually produces them), waiting for each parameter's backward hook; so the sync
-of a gradient overlaps the rest of backward. synchronize() marks the parameters that got no
+thread, started once for the optimizer's lifetime, walks every step's Zen parameters in a fixed
+order (reverse registration order, the order backward usually produces them), waiting for each
+parameter's backward hook; so the sync of a gradient overlaps the rest of backward. A dense
+CPU gradient is synchronized in place (its rows holding a non-zero travel; the result lands in
+.grad without another copy). synchronize() marks the parameters that got no
 gradient on this rank as ready (they sync an empty gradient), so every rank syncs every Zen
 parameter every step, whatever its forward did. Errors raised in the worker (the same on every
 rank: the header check in sync.py) are re-raised by synchronize() / step().
 
 Op and scaling, as Horovod's: Average divides the sum by the process set's size; with
-gradient_predivide_factor f, values are scaled by 1/f before the sum and by f/size after.
+gradient_predivide_factor f, values are scaled by 1/f before the sum and by f/size after, as the
+sync's prescale and postscale factors (folded into its aggregation and output passes).
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
+import queue
 import threading
 import time
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -50,7 +56,7 @@ from horovod.torch.optimizer import _DistributedOptimizer
 from . import runtime
 from .header import TensorMismatchError
 from .mpi import select
-from .sync import SCHEMES, sparse_allreduce
+from .sync import SCHEMES, allreduce_units, sparse_allreduce
 
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 # Horovod's texts for the same two misuses (horovod/torch/optimizer.py), so users see one message.
@@ -82,78 +88,124 @@ class _ZenParam:
         return torch.nonzero(flat.ne(0).any(dim=1)).reshape(-1)
 
 
+class _Round:
+    """One step's Zen syncs: a ready event per parameter, the results, the first error."""
+
+    def __init__(self, order):
+        self.ready = {zp: threading.Event() for zp in order}
+        self.touched = set()
+        self.results, self.error = {}, None
+        self.started, self.done = False, threading.Event()
+
+
+def _stop_thread(rounds, thread):
+    rounds.put(None)
+    thread.join(timeout=10)
+
+
 class _ZenWorker:
-    """One step's Zen syncs, in a fixed order, on a background thread."""
+    """The Zen syncs of every step, in a fixed order, on one background thread that lives as
+    long as the optimizer (each step's round is handed to it through a queue)."""
 
     def __init__(self, zen_params, op, predivide, scheme, transport, process_set, early, profile):
+        import horovod.torch as hvd
+
         self.order = zen_params
-        self.op, self.predivide, self.scheme = op, predivide, scheme
-        self.transport, self.process_set = transport, process_set
+        self.scheme, self.transport, self.process_set = scheme, transport, process_set
         self.early = early  # start syncing from the backward hooks (False: at synchronize())
         self.profile = {zp.name: dict(syncs=0, seconds=0.0, bytes_sent=0, bytes_received=0,
                                       rows=0, density=0.0, union_density=0.0)
                         for zp in zen_params} if profile else None
-        self.size = process_set.size() if process_set is not None else None
-        self._new_round()
+        size = process_set.size() if process_set is not None else hvd.size()
+        # Horovod's pre/postscale split of the average, decided once: as factors of the sync.
+        self.op, self.prescale, self.postscale = (Sum, 1.0 / predivide, predivide / size) \
+            if predivide != 1.0 else (op, 1.0, 1.0)
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self.round = _Round(self.order)
 
-    def _new_round(self):
-        self.ready = {zp: threading.Event() for zp in self.order}
-        self.touched = set()
-        self.results, self.error, self.thread = {}, None, None
+    @property
+    def ready(self):
+        return self.round.ready
+
+    @property
+    def touched(self):
+        return self.round.touched
+
+    @property
+    def started(self):
+        return self.round.started
 
     def mark_ready(self, zp):
-        self.ready[zp].set()
+        self.round.ready[zp].set()
         if self.early:
             self._start()
 
     def _start(self):
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="zen_hvd.optimizer", daemon=True)
-            self.thread.start()
+        if self.round.started:
+            return
+        self.round.started = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, args=(self._queue, weakref.ref(self)),
+                                            name="zen_hvd.optimizer", daemon=True)
+            self._thread.start()
+            # The thread ends with the optimizer, or before the interpreter shuts down (a
+            # thread still blocked then would be torn down inside native code).
+            weakref.finalize(self, self._queue.put, None)
+            atexit.register(_stop_thread, self._queue, self._thread)
+        self._queue.put(self.round)
 
-    def _run(self):
-        try:
-            for zp in self.order:
-                self.ready[zp].wait()
-                self.results[zp] = self._sync(zp)
-        except BaseException as e:  # re-raised by finish(), on every rank alike
-            self.error = e
+    @staticmethod
+    def _loop(rounds, worker_ref):
+        """The thread's body. It holds the worker only while it runs a round, so an optimizer
+        that goes away ends its thread (weakref.finalize puts the None)."""
+        while True:
+            rnd = rounds.get()
+            worker = worker_ref()
+            if rnd is None or worker is None:
+                return
+            try:
+                for zp in worker.order:
+                    rnd.ready[zp].wait()
+                    rnd.results[zp] = worker._sync(zp)
+            except BaseException as e:  # re-raised by finish(), on every rank alike
+                rnd.error = e
+            del worker
+            rnd.done.set()
 
     def _sync(self, zp):
+        """Sync one parameter's gradient. A dense CPU gradient scanned for rows is synchronized
+        in place (returns None); otherwise returns the synchronized sparse gradient."""
         p, grad = zp.param, zp.param.grad
-        if grad is not None and grad.is_sparse and grad.sparse_dim() == 1:
-            sent = grad
+        kw = dict(name=zp.name, op=self.op, scheme=self.scheme, transport=self.transport,
+                  process_set=self.process_set, prescale_factor=self.prescale,
+                  postscale_factor=self.postscale)
+        t0 = time.perf_counter()
+        before = runtime.comm_stats() if self.profile is not None else None
+        if grad is not None and not grad.is_sparse and zp.looked_up is None \
+                and grad.device.type == "cpu" and grad.is_contiguous():
+            flat = grad.view(grad.shape[0], -1)
+            allreduce_units(grad, unit="row", out=flat, **kw)
+            out = None
         else:
             if grad is None:
-                rows = torch.zeros(0, dtype=torch.int64, device=p.device)
-                values = p.detach().new_zeros((0,) + tuple(p.shape[1:]))
+                sent = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
+                                               p.detach().new_zeros((0,) + tuple(p.shape[1:])),
+                                               tuple(p.shape))
+            elif grad.is_sparse and grad.sparse_dim() == 1:
+                sent = grad
             else:
                 grad = grad.to_dense() if grad.is_sparse else grad
                 rows = zp.rows(grad)
-                values = grad.index_select(0, rows)
-            sent = torch.sparse_coo_tensor(rows.reshape(1, -1), values, tuple(p.shape),
-                                           is_coalesced=True, check_invariants=False)
-        op = self.op
-        if self.predivide != 1.0:  # Horovod's pre/postscale split of the average
-            sent, op = sent * (1.0 / self.predivide), Sum
-        t0 = time.perf_counter()
-        before = runtime.comm_stats() if self.profile is not None else None
-        out = sparse_allreduce(sent, name=zp.name, op=op, scheme=self.scheme,
-                               transport=self.transport, process_set=self.process_set)
-        if self.predivide != 1.0:
-            out = out * (self.predivide / self._set_size())
+                sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
+                                               tuple(p.shape), is_coalesced=True,
+                                               check_invariants=False)
+            out = sparse_allreduce(sent, **kw)
         if self.profile is not None:
-            self._record(zp, sent, out, before, time.perf_counter() - t0)
+            self._record(zp, out, before, time.perf_counter() - t0)
         return out
 
-    def _set_size(self):
-        if self.size is None:
-            import horovod.torch as hvd
-
-            self.size = hvd.size()
-        return self.size
-
-    def _record(self, zp, sent, out, before, seconds):
+    def _record(self, zp, out, before, seconds):
         after = runtime.comm_stats()
         rows = zp.param.shape[0] or 1
         prof = self.profile[zp.name]
@@ -161,28 +213,43 @@ class _ZenWorker:
         prof["seconds"] += seconds
         for k in ("bytes_sent", "bytes_received"):
             prof[k] += after[k] - before[k]
-        prof["rows"] = sent.coalesce()._nnz()
+        from .sync import last_sync
+
+        prof["rows"] = int(last_sync["nnz"][self._rank()])
         prof["density"] = prof["rows"] / rows
-        prof["union_density"] = out._nnz() / rows
+        prof["union_density"] = last_sync["union_size"] / rows
+
+    def _rank(self):
+        import horovod.torch as hvd
+
+        return self.process_set.rank() if self.process_set is not None else hvd.rank()
 
     def release_all(self):
         """Every parameter not yet ready syncs what it has (an empty gradient if none)."""
-        for ev in self.ready.values():
+        for ev in self.round.ready.values():
             ev.set()
 
     def finish(self):
-        """Wait for this step's syncs; returns {zen param: synchronized sparse gradient}."""
+        """Wait for this step's syncs; returns {zen param: synchronized sparse gradient, or None
+        when it was synchronized in place}."""
         self.release_all()
         self._start()
-        self.thread.join()
-        results, error = self.results, self.error
+        rnd = self.round
+        rnd.done.wait()
         for zp in self.order:
             if zp.looked_up is not None:
                 zp.looked_up.clear()
-        self._new_round()
-        if error is not None:
-            raise error
-        return results
+        self.round = _Round(self.order)
+        if rnd.error is not None:
+            raise rnd.error
+        return rnd.results
+
+    def discard(self):
+        """Drop this step's syncs (finishing those already started)."""
+        if self.round.started:
+            self.finish()
+        else:
+            self.round = _Round(self.order)
 
 
 class _ZenDistributedOptimizer(torch.optim.Optimizer):
@@ -206,7 +273,7 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         if self._groups is not None:  # Zen parameters leave Horovod's groups
             self._regroup(ids)
         ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
-        transport = select.resolve_transport_name(zen["transport"])
+        transport = select.resolve_transport_name(zen["transport"], ps)
         _check_same_zen_params(zen_params, transport, ps)
         self._zen = _ZenWorker(zen_params, op, gradient_predivide_factor, zen["scheme"], transport,
                                ps, early=True, profile=zen["profile"])
@@ -279,16 +346,15 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, *args, **kwargs):
         if self._zen is not None:  # drop this step's Zen syncs (finishing those already started)
-            if self._zen.thread is not None:
-                self._zen.finish()
-            else:
-                self._zen._new_round()
+            self._zen.discard()
         return _DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
 def _write_back(zp, out):
     """The synchronized gradient into .grad: sparse stays sparse; a dense .grad gets its rows
     overwritten (rows outside the union are zero on every rank already)."""
+    if out is None:   # synchronized in place
+        return
     p = zp.param
     if p.grad is None and zp.sparse_grad or p.grad is not None and p.grad.is_sparse:
         p.grad = out

@@ -7,15 +7,19 @@ ranks that disagree.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 
+import numpy as np
 
 from .mpi import select
 
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 _transports: dict = {}
+_resolved: dict = {}   # (transport argument, process set) -> transport: resolved once
 _seeds: dict = {}
+_keys: dict = {}       # seed -> h0's round keys
 
 
 def launched_by_mpi() -> bool:
@@ -58,13 +62,38 @@ def get_transport(name=None, process_set=None):
 
     if process_set is not None and process_set.process_set_id == hvd.global_process_set.process_set_id:
         process_set = None
-    name = select.resolve_transport_name(name)
+    name = select.resolve_transport_name(name, process_set)
     key = (name, _process_set_key(process_set))
     if key not in _transports:
         if process_set is not None and not process_set.included():
             raise ValueError(f"this rank is not in process set {process_set}")
         _transports[key] = select.make_transport(name, process_set)
     return _transports[key]
+
+
+@dataclasses.dataclass
+class Context:
+    """What one sync needs from the process: its transport, h0's seed and round keys."""
+
+    transport: object
+    seed: int
+    keys: np.ndarray
+
+
+def context(name=None, process_set=None) -> Context:
+    """The transport (resolved and built at first use of this argument and process set, so the
+    environment is read once), the partition-hash seed and its keys."""
+    key = (name, _process_set_key(process_set))
+    tr = _resolved.get(key)
+    if tr is None:
+        tr = _resolved[key] = get_transport(name, process_set)
+    seed = get_seed(tr, process_set)
+    keys = _keys.get(seed)
+    if keys is None:
+        from .cuda_kernels import h0
+
+        keys = _keys[seed] = h0.derive_keys(seed)
+    return Context(tr, seed, keys)
 
 
 def set_seed(seed: int, process_set=None) -> None:

@@ -1,7 +1,10 @@
 """sparse_allreduce: one tensor, summed (or averaged) over the ranks of a process set.
 
-    header  -> one small allgather: every rank checks that all agree (header.py)
-    scheme  -> plan (local), then run (Push / aggregate / Pull for balanced parallelism)
+    round 1 -> a point-to-point Push in which every part starts with the sender's header
+               (header.py): every rank receives every rank's header and checks that all agree.
+               Balanced parallelism's Push carries its data in this round; the other schemes
+               send the header alone and then run their own pattern;
+    scheme  -> balanced: aggregate, Pull, decode (balanced.py); the others: plan and run;
     layout  -> the result in the input's layout: sparse in, coalesced sparse out; dense in,
                dense out; bitwise identical on every rank.
 """
@@ -17,10 +20,14 @@ from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
 from .header import COL, check_table, make_header
-from .units import OK, from_units, layout_of, to_units
+from .units import OK, layout_of, source, sparse_result, take_units, to_units
 
 # Concrete schemes (their order is the header code); "auto" resolves to one of them per call.
 SCHEMES = {"balanced": BalancedParallelism(), "hierarchical": HierarchicalCentralization(), **BASELINES}
+SCHEME_NAMES = dict(enumerate(SCHEMES))
+_CODES = {s: i for i, s in enumerate(SCHEMES)}
+# Dtypes numba does not compute with travel and add as float32 (cast back at the end).
+_WIDENED = (torch.float16, torch.bfloat16)
 _noname = itertools.count()
 last_sync: dict = {}  # what the most recent sync saw: counts, bytes, imbalance (stats.py)
 
@@ -33,45 +40,123 @@ def _op_codes():
 
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                      scheme: str = "auto", transport: str | None = None,
-                     process_set=None, unit: str | None = None) -> torch.Tensor:
+                     process_set=None, unit: str | None = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Sum or mean of `tensor` over all ranks, with Zen's scheme choice or the scheme named.
 
-    tensor: torch sparse COO (element or hybrid row-sparse) or dense.
+    tensor: torch sparse COO (element or hybrid row-sparse, coalesced or not) or dense.
     name: identifies the tensor across ranks (generated in call order if omitted).
     op: zen_hvd.Average (default, as in hvd.allreduce) or zen_hvd.Sum.
     scheme: "auto" (default: balanced parallelism or hierarchical centralization, chosen per
         tensor name from profiled density and densification, auto.py) or one of SCHEMES.
-    transport: "mpi4py" or "horovod" (default: ZEN_HVD_TRANSPORT, else by launcher).
+    transport: "mpi4py", "torch" or "horovod" (default: ZEN_HVD_TRANSPORT, else by launcher).
     process_set: a Horovod ProcessSet (default: all ranks).
     unit: "row" or "element" for dense tensors (default: rows of a 2-D tensor, else elements).
+    prescale_factor, postscale_factor: as in hvd.allreduce, every input is multiplied by the
+        first before the sum and the result by the second (Average's 1/n on top).
     """
+    layout, units, values, info = allreduce_units(tensor, name, op, scheme=scheme, transport=transport,
+                                                  process_set=process_set, unit=unit,
+                                                  prescale_factor=prescale_factor,
+                                                  postscale_factor=postscale_factor)
+    if layout.sparse:
+        out = sparse_result(layout, units, values)
+    elif units is None:
+        out = values.reshape(layout.shape)
+    else:
+        out = torch.zeros((layout.num_units, layout.unit_size), dtype=values.dtype)
+        if units.size:
+            out[torch.from_numpy(units)] = values
+        out = out.reshape(layout.shape)
+    out = out.to(layout.dtype) if out.dtype != layout.dtype else out
+    return out.to(tensor.device) if tensor.device.type != "cpu" else out
+
+
+def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
+                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
+    """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
+    units ascending (int64 numpy) with values [K, D] (torch); or None when values is the dense
+    [M, D] result. out: a dense [M, D] CPU tensor, zero outside the union's rows, that receives
+    the result in place (balanced parallelism; the other schemes copy into it)."""
     average, total = _op_codes()
     op = average if op is None else op
     if op not in (average, total):
         raise ValueError(f"op must be zen_hvd.Average or zen_hvd.Sum, not {op!r}")
     if scheme != "auto" and scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
-    tr = runtime.get_transport(transport, process_set)
-    seed = runtime.get_seed(tr, process_set)
+    ctx = runtime.context(transport, process_set)
+    tr = ctx.transport
     name = name if name is not None else f"sparse_allreduce.noname.{next(_noname)}"
     chosen = auto.choose(name) if scheme == "auto" else scheme
-    device = tensor.device
     layout = layout_of(tensor, unit)
-    units, values, error, detail = to_units(tensor.detach().cpu(), layout)
-    impl = SCHEMES[chosen]
-    plan = impl.plan(units, values, layout, tr, seed) if error == OK else None
-    counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
-    header = make_header(name, layout, op, seed, list(SCHEMES).index(chosen), error, detail,
-                         0 if units is None else units.size, counts)
-    table = tr.allgather_int64(header)
-    check_table(name, table, dict(enumerate(SCHEMES)))
-    out_units, out_values, info = impl.run(plan, table, tr)
+    cpu = tensor.detach()
+    cpu = cpu.cpu() if cpu.device.type != "cpu" else cpu
+    floating = layout.dtype.is_floating_point
+    scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
+    divisor = tr.size if op == average and not floating else 0
+    if chosen == "balanced":
+        if layout.dtype in _WIDENED:
+            cpu = cpu.float()
+        src = source(cpu, layout)
+        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
+                             np.zeros(tr.size, np.int64))
+        target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
+        units, values, info = SCHEMES[chosen].sync(
+            name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
+            scale, divisor, target)
+        values = torch.from_numpy(values)
+        if out is not None and target is None:
+            out.copy_(values)
+    else:
+        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx)
+        if prescale_factor != 1.0:
+            values = values * prescale_factor
+        if op == average:
+            values = values.div(tr.size) if floating else values.div(tr.size, rounding_mode="trunc")
+        if postscale_factor != 1.0:
+            values = values * postscale_factor
+        if out is not None:
+            if units.size:
+                out[torch.from_numpy(units)] = values.to(out.dtype)
+            units, values = None, out
     if scheme == "auto":
-        auto.observe(name, chosen, layout, table, info, tr)
-    if op == average:
-        out_values = (out_values.div(tr.size) if out_values.is_floating_point()
-                      else out_values.div(tr.size, rounding_mode="trunc"))
+        auto.observe(name, chosen, layout, info, tr)
     last_sync.clear()
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,
-                     unit_size=layout.unit_size, nnz=table[:, COL["nnz"]].copy())
-    return from_units(layout, out_units, out_values).to(device)
+                     unit_size=layout.unit_size)
+    return layout, units, values, info
+
+
+def exchange_headers(name, header, tr) -> np.ndarray:
+    """Round 1 without data: every rank's header, on every rank (a Push of the header alone),
+    checked. The same round as balanced parallelism's Push, so ranks that disagree about the
+    scheme still meet in it and raise the same error."""
+    H = header.nbytes
+    row = torch.from_numpy(header.view(np.uint8))
+    parts = tr.push(row.repeat(tr.size), [H] * tr.size, control=H)
+    if any(p.numel() != H for p in parts):
+        sizes = [p.numel() for p in parts]
+        table = np.stack([p[:H].numpy().view(np.int64) for p in parts if p.numel() >= H])
+        check_table(name, table, SCHEME_NAMES)   # raises if a balanced peer is the cause
+        raise ValueError(f"zen_hvd: tensor {name!r}: header messages of sizes {sizes}, expected {H}")
+    table = np.stack([p.numpy().view(np.int64) for p in parts])
+    check_table(name, table, SCHEME_NAMES)
+    return table
+
+
+def _run_scheme(chosen, name, cpu, layout, op, ctx):
+    """Hierarchical centralization and the baselines: header round, then the scheme's run."""
+    tr = ctx.transport
+    units, values, error, detail = to_units(cpu, layout)
+    impl = SCHEMES[chosen]
+    plan = impl.plan(units, values, layout, tr, ctx.seed) if error == OK else None
+    counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
+    header = make_header(name, layout, op, ctx.seed, _CODES[chosen], error, detail,
+                         0 if units is None else units.size, counts)
+    table = exchange_headers(name, header, tr)
+    out_units, out_values, info = impl.run(plan, table, tr)
+    info = dict(info, nnz=table[:, COL["nnz"]].copy())
+    if out_units.size > 1 and not (out_units[1:] > out_units[:-1]).all():
+        order = np.argsort(out_units)
+        out_units, out_values = out_units[order], take_units(out_values, order)
+    return out_units, out_values, info

@@ -50,6 +50,50 @@ def layout_of(tensor: torch.Tensor, unit: str | None = None) -> Layout:
                   math.prod(shape[:sparse_dim]), math.prod(shape[sparse_dim:]), tensor.device.type)
 
 
+@dataclasses.dataclass
+class Source:
+    """A rank's gradient as the data path reads it, without copying values: entry i is unit
+    units[i] with values values[units[i]] (a dense [M, D] table: dense_src) or values[i]
+    (a sparse tensor's values). Units may repeat unless `unique` (an uncoalesced tensor)."""
+
+    units: np.ndarray           # int64 [nnz]
+    values: np.ndarray          # [nnz or M, D]
+    dense_src: bool
+    unique: bool
+    error: int = OK
+    detail: int = 0
+
+
+def source(tensor: torch.Tensor, layout: Layout) -> Source:
+    """The Source of a CPU tensor in `layout` (dtype one numpy computes with). Out-of-range
+    indices of a one-dimensional sparse index are left for the partition kernel to find."""
+    M, D = layout.num_units, layout.unit_size
+    if layout.sparse:
+        idx, values = tensor._indices(), tensor._values().reshape(-1, D)
+        if layout.sparse_dim == 1:
+            units = idx[0].numpy()
+        elif idx.numel() and (bool((idx < 0).any()) or bool(
+                (idx >= torch.tensor(layout.shape[:layout.sparse_dim]).unsqueeze(1)).any())):
+            bad = _first_out_of_range(idx, layout.shape[:layout.sparse_dim])
+            return Source(np.zeros(0, np.int64), values.numpy(), False, True, INDEX_OUT_OF_RANGE, bad)
+        else:
+            units = _linearize(idx, layout.shape[:layout.sparse_dim])
+        return Source(units, values.contiguous().numpy(), False, tensor.is_coalesced())
+    flat = tensor.reshape(M, D)
+    nz = flat != 0
+    nz = nz.any(dim=1) if D > 1 else nz[:, 0]
+    units = torch.nonzero(nz).reshape(-1).numpy()
+    return Source(units, flat.contiguous().numpy(), True, True)
+
+
+def sparse_result(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch.Tensor:
+    """A coalesced sparse tensor of ascending unique units and their [K, D] values."""
+    indices = _delinearize(units, layout.shape[:layout.sparse_dim])
+    values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
+    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True,
+                                   check_invariants=False)
+
+
 def to_units(tensor: torch.Tensor, layout: Layout):
     """Returns (units int64 numpy [nnz], values torch [nnz, D], error code, error detail).
 
@@ -83,12 +127,7 @@ def from_units(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch
             out[torch.from_numpy(units)] = values
         return out.reshape(layout.shape)
     order = _ascending_order(units)
-    units = units[order]
-    values = take_units(values, order)
-    indices = _delinearize(units, layout.shape[:layout.sparse_dim])
-    values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
-    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True,
-                                   check_invariants=False)
+    return sparse_result(layout, units[order], take_units(values, order))
 
 
 def sorted_unique(a: np.ndarray, return_inverse: bool = False):
@@ -149,6 +188,8 @@ def _linearize(indices: torch.Tensor, dims) -> np.ndarray:
 
 
 def _delinearize(units: np.ndarray, dims) -> torch.Tensor:
+    if len(dims) == 1:
+        return torch.from_numpy(units).reshape(1, -1)
     rows = []
     rest = units.copy()
     for size in reversed(dims):

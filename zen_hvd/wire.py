@@ -13,6 +13,11 @@ import numpy as np
 import torch
 
 
+# How a set of units travels: its positions (COO indices), a bitmap, or dense (all units'
+# values, no index). One numbering for every scheme's tag.
+POSITIONS, BITMAP, DENSE = 0, 1, 2
+
+
 def pad8(nbytes: int) -> int:
     """nbytes rounded up to a multiple of 8."""
     return (int(nbytes) + 7) & ~7

@@ -1,0 +1,185 @@
+"""The three passes over the values of one balanced-parallelism sync (CPU kernels, njit).
+
+    1. pack       worker: partition by h0 and write (position, values) straight into the Push
+                  buffer's part for each server; duplicates of an uncoalesced input summed here;
+    2. aggregate  server: the hash bitmap of I'_p from the received positions, then every part's
+                  values added, in rank order 0..n-1, straight into the Pull buffer at the unit's
+                  rank in the bitmap (its slot);
+    3. scatter    worker: each server's aggregated values, times the postscale factor, straight
+                  into the output rows.
+Everything else touches indices only. Values are addressed through flat typed views of the
+byte buffers (element offsets), so the kernels serve every dtype numba computes with.
+
+Bitmaps are uint64 words: bit j is word j >> 6, bit j & 63 (on a little-endian machine the same
+bytes as hash_bitmap.py's byte layout).
+"""
+import numba
+import numpy as np
+
+from .h0 import _permute_one_cpu, _unpermute_one_cpu
+
+_M1, _M2, _M4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np.uint64(0x0F0F0F0F0F0F0F0F)
+_H01, _ONE = np.uint64(0x0101010101010101), np.uint64(1)
+
+
+@numba.njit(cache=True)
+def popcount64(x):
+    """Set bits of a uint64 (SWAR)."""
+    x = x - ((x >> _ONE) & _M1)
+    x = (x & _M2) + ((x >> np.uint64(2)) & _M2)
+    x = (x + (x >> np.uint64(4))) & _M4
+    return np.int64((x * _H01) >> np.uint64(56))
+
+
+# ---- 1. pack (worker) ----------------------------------------------------------------------
+
+@numba.njit(cache=True)
+def partition(units, M, B, n, keys, unique):
+    """Per input entry i: server part[i] = pi(u) mod n, bit pos[i] = pi(u) div n, and its row
+    local[i] in that server's part; counts[p] = distinct units for server p. Entries with the
+    same unit (unique=False) share a row, so pack sums them. Returns (part, local, pos, counts,
+    bad): bad is the first entry whose unit is outside [0, M), or -1."""
+    nnz = units.size
+    part = np.empty(nnz, np.int64)
+    local = np.empty(nnz, np.int64)
+    pos = np.empty(nnz, np.int64)
+    counts = np.zeros(n, np.int64)
+    cap = 1
+    if not unique:
+        while cap < 2 * nnz:
+            cap <<= 1
+    table = np.full(cap if not unique else 1, -1, np.int64)  # open addressing: unit -> entry
+    for i in range(nnz):
+        u = units[i]
+        if u < 0 or u >= M:
+            return part, local, pos, counts, i
+        if not unique:
+            h = (u * 0x5851F42D4C957F2D) & (cap - 1)
+            while table[h] >= 0 and units[table[h]] != u:
+                h = (h + 1) & (cap - 1)
+            first = table[h]
+            if first >= 0:
+                part[i], local[i], pos[i] = part[first], local[first], pos[first]
+                continue
+            table[h] = i
+        y = _permute_one_cpu(u, M, B, keys)
+        p = y % n
+        part[i], pos[i], local[i] = p, y // n, counts[p]
+        counts[p] += 1
+    return part, local, pos, counts, -1
+
+
+@numba.njit(cache=True)
+def pack(idx_view, val_view, idx_off, val_off, part, local, pos, units, values, dense_src, unique):
+    """Push buffer: server p's positions at idx_view[idx_off[p] + row], its values at
+    val_view[val_off[p] + row * D]. Entry i's values are values[units[i]] (a dense table,
+    dense_src) or values[i]. The buffer starts zeroed; duplicates are added in input order."""
+    D = values.shape[1]
+    for i in range(part.size):
+        p, row = part[i], local[i]
+        idx_view[idx_off[p] + row] = pos[i]
+        src = units[i] if dense_src else i
+        base = val_off[p] + row * D
+        if unique:
+            for d in range(D):
+                val_view[base + d] = values[src, d]
+        else:
+            for d in range(D):
+                val_view[base + d] += values[src, d]
+
+
+# ---- 2. aggregate (server) -----------------------------------------------------------------
+
+@numba.njit(cache=True)
+def set_bits(words, positions):
+    """Bitmap |= the given positions (which may repeat)."""
+    for j in positions:
+        words[j >> 6] |= _ONE << np.uint64(j & 63)
+
+
+@numba.njit(cache=True)
+def word_prefix(words):
+    """Exclusive prefix sum of the words' popcounts, and the total: a set bit's slot is
+    prefix[j >> 6] + popcount of the bits below it in its word."""
+    prefix = np.empty(words.size, np.int64)
+    total = 0
+    for w in range(words.size):
+        prefix[w] = total
+        total += popcount64(words[w])
+    return prefix, total
+
+
+@numba.njit(cache=True)
+def bitmap_positions(words, out):
+    """The set bits' positions, ascending, into out (as many as are set)."""
+    k = 0
+    for w in range(words.size):
+        x = words[w]
+        b = 0
+        while x:
+            if x & _ONE:
+                out[k] = (w << 6) + b
+                k += 1
+            x >>= _ONE
+            b += 1
+
+
+@numba.njit(cache=True)
+def add_part(acc, words, prefix, positions, values, prescale):
+    """acc[slot(j)] += prescale * values[i] for the i-th received position j (one worker's
+    part; called for the workers in rank order, so every run adds in the same order)."""
+    D = acc.shape[1]
+    for i in range(positions.size):
+        j = positions[i]
+        w = j >> 6
+        below = words[w] & ((_ONE << np.uint64(j & 63)) - _ONE)
+        slot = prefix[w] + popcount64(below)
+        if prescale == 1.0:
+            for d in range(D):
+                acc[slot, d] += values[i, d]
+        else:
+            for d in range(D):
+                acc[slot, d] += prescale * values[i, d]
+
+
+# ---- 3. decode and scatter (worker) --------------------------------------------------------
+
+@numba.njit(cache=True)
+def units_of_bitmap(words, p, n, M, B, keys, out):
+    """Bit j of server p is unit pi^-1(j n + p) (Section 3.3), ascending j, into out."""
+    k = 0
+    for w in range(words.size):
+        x = words[w]
+        b = 0
+        while x:
+            if x & _ONE:
+                out[k] = _unpermute_one_cpu(((w << 6) + b) * n + p, M, B, keys)
+                k += 1
+            x >>= _ONE
+            b += 1
+
+
+@numba.njit(cache=True)
+def units_of_positions(positions, p, n, M, B, keys, out):
+    for i in range(positions.size):
+        out[i] = _unpermute_one_cpu(np.int64(positions[i]) * n + p, M, B, keys)
+
+
+@numba.njit(cache=True)
+def scatter(out, rows, values, scale, divisor):
+    """out[rows[i]] = values[i] * scale (floats) or values[i] / divisor truncated toward zero
+    (integers averaged: divisor > 0)."""
+    D = values.shape[1]
+    for i in range(rows.size):
+        r = rows[i]
+        if divisor > 0:
+            for d in range(D):
+                v = values[i, d]
+                q = abs(v) // divisor
+                out[r, d] = q if v >= 0 else -q
+        elif scale == 1.0:
+            for d in range(D):
+                out[r, d] = values[i, d]
+        else:
+            for d in range(D):
+                out[r, d] = values[i, d] * scale

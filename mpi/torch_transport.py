@@ -1,0 +1,136 @@
+"""Transport over torch.distributed point-to-point (isend / irecv): gloo for CPU tensors.
+
+Works under mpirun and under `horovodrun --gloo` alike: the process group is initialised from
+Horovod's rank and size, with the rendezvous address agreed through Horovod (rank 0 picks a
+free port and broadcasts it with its address in one hvd.broadcast). If the application has
+already initialised torch.distributed with the same ranks, a gloo group is made beside its
+default group instead. The NCCL backend takes the same calls for CUDA tensors (the GPU path).
+
+Push and Pull: every message travels as an 8-byte length followed by its bytes; the sender
+posts both at once, the receiver posts the payload's irecv once the length is in. So a round
+costs one small and one data message per peer, no collective. Tags keep Push, Pull and the
+two parts of a message apart.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from .transport import Transport, split
+
+PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # lengths travel on tag, payloads on tag + 1
+ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
+
+
+def _own_address() -> str:
+    """This host's address as peers reach it: ZEN_HVD_RENDEZVOUS_ADDR, else the address of the
+    interface that routes outward, else the host name's address."""
+    if os.environ.get(ADDR_VAR):
+        return os.environ[ADDR_VAR]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.254.254.254", 1))   # no packet is sent: only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TorchTransport(Transport):
+    name = "torch"
+
+    def __init__(self, process_set=None):
+        import horovod.torch as hvd
+        import torch.distributed as dist
+
+        if process_set is not None:
+            raise ValueError("transport 'torch' serves the global process set only; use "
+                             "transport='mpi4py' or 'horovod' with a process set")
+        self._dist = dist
+        rank, size = hvd.rank(), hvd.size()
+        if dist.is_initialized():
+            if (dist.get_rank(), dist.get_world_size()) != (rank, size):
+                raise RuntimeError("torch.distributed is initialised with other ranks than Horovod's")
+            self._group = dist.new_group(backend="gloo")
+        else:
+            local = hvd.local_size() == size
+            info = torch.zeros(5, dtype=torch.int64)
+            if rank == 0:
+                addr = "127.0.0.1" if local and not os.environ.get(ADDR_VAR) else _own_address()
+                info[0] = _free_port()
+                info[1:] = torch.tensor([int(b) for b in socket.inet_aton(
+                    socket.gethostbyname(addr))])
+            info = hvd.broadcast(info, root_rank=0, name="zen_hvd.torch_transport.rendezvous")
+            addr = ".".join(str(int(b)) for b in info[1:])
+            dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
+                                    rank=rank, world_size=size)
+            self._group = None
+        super().__init__(rank, size)
+
+    # -- point to point ------------------------------------------------------------------
+    def _exchange(self, sends, tag):
+        """sends[r] (a uint8 tensor) goes to rank r; returns the received parts as views of one
+        buffer (the part from this rank is empty)."""
+        dist, me, g = self._dist, self.rank, self._group
+        peers = [r for r in range(self.size) if r != me]
+        lens_out = {r: torch.tensor([sends[r].numel()], dtype=torch.int64) for r in peers}
+        lens_in = {r: torch.empty(1, dtype=torch.int64) for r in peers}
+        reqs = [dist.irecv(lens_in[r], r, group=g, tag=tag) for r in peers]
+        reqs += [dist.isend(lens_out[r], r, group=g, tag=tag) for r in peers]
+        reqs += [dist.isend(sends[r], r, group=g, tag=tag + 1) for r in peers if sends[r].numel()]
+        for q in reqs[:len(peers)]:
+            q.wait()
+        counts = [0 if r == me else int(lens_in[r][0]) for r in range(self.size)]
+        parts = split(torch.empty(sum(counts), dtype=torch.uint8), counts)
+        reqs += [dist.irecv(parts[r], r, group=g, tag=tag + 1) for r in peers if counts[r]]
+        for q in reqs[len(peers):]:
+            q.wait()
+        return parts
+
+    def _push(self, send, send_counts):
+        mine = split(send, send_counts)
+        parts = self._exchange(mine, PUSH_TAG)
+        parts[self.rank] = mine[self.rank]
+        return parts
+
+    def _pull(self, send):
+        parts = self._exchange([send] * self.size, PULL_TAG)
+        parts[self.rank] = send
+        return parts
+
+    # -- what the baselines use, on the same primitives -----------------------------------
+    def _alltoallv(self, send, send_counts, recv_counts):
+        parts = self._push(send, send_counts)
+        return torch.cat(parts) if parts else send[:0]
+
+    def _allgatherv(self, send, recv_counts):
+        return torch.cat(self._pull(send))
+
+    def _allgather_int64(self, row):
+        t = torch.from_numpy(row)
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        self._dist.all_gather(out, t, group=self._group)
+        return torch.cat(out).numpy()
+
+    def _allreduce_sum(self, tensor):
+        t = tensor.detach().contiguous().clone()
+        self._dist.all_reduce(t, group=self._group)
+        return t
+
+    def _sendrecv(self, send, peer, recv_count):
+        recv = torch.empty(recv_count, dtype=torch.uint8)
+        if peer is not None:
+            dist, g = self._dist, self._group
+            reqs = [dist.isend(send, peer, group=g, tag=STEP_TAG)] if send.numel() else []
+            if recv_count:
+                reqs.append(dist.irecv(recv, peer, group=g, tag=STEP_TAG))
+            for q in reqs:
+                q.wait()
+        return recv
