@@ -135,11 +135,9 @@ def add_part(acc, words, prefix, positions, values, prescale):
         below = words[w] & ((_ONE << np.uint64(j & 63)) - _ONE)
         slot = prefix[w] + popcount64(below)
         if prescale == 1.0:
-            for d in range(D):
-                acc[slot, d] += values[i, d]
+            acc[slot] += values[i]
         else:
-            for d in range(D):
-                acc[slot, d] += prescale * values[i, d]
+            acc[slot] += prescale * values[i]
 
 
 # ---- 3. decode and scatter (worker) --------------------------------------------------------
@@ -168,18 +166,22 @@ def units_of_positions(positions, p, n, M, B, keys, out):
 @numba.njit(cache=True)
 def scatter(out, rows, values, scale, divisor):
     """out[rows[i]] = values[i] * scale (floats) or values[i] / divisor truncated toward zero
-    (integers averaged: divisor > 0)."""
+    (integers averaged: divisor > 0). One loop per case, so the inner loop stays branch-free."""
     D = values.shape[1]
-    for i in range(rows.size):
-        r = rows[i]
-        if divisor > 0:
+    if divisor > 0:
+        for i in range(rows.size):
+            r = rows[i]
             for d in range(D):
                 v = values[i, d]
                 q = abs(v) // divisor
                 out[r, d] = q if v >= 0 else -q
-        elif scale == 1.0:
+    elif scale == 1.0:
+        for i in range(rows.size):
+            r = rows[i]
             for d in range(D):
                 out[r, d] = values[i, d]
-        else:
+    else:
+        for i in range(rows.size):
+            r = rows[i]
             for d in range(D):
                 out[r, d] = values[i, d] * scale

@@ -43,12 +43,12 @@ class HorovodTransport(Transport):
 
     def _push(self, send, send_counts):
         splits = torch.tensor(send_counts, dtype=torch.int32)
-        out, received = self._hvd.alltoall(send, splits=splits, name=self._name(),
+        out, received = self._hvd.alltoall(torch.from_numpy(send), splits=splits, name=self._name(),
                                             process_set=self._ps)
-        return split(out, received.tolist())
+        return split(out.numpy(), received.tolist())
 
     def _pull(self, send):
-        return self._push(send.repeat(self.size), [send.numel()] * self.size)
+        return self._push(np.tile(send, self.size), [send.size] * self.size)
 
     def _allgatherv(self, send, recv_counts):
         return self._hvd.allgather(send, name=self._name(), process_set=self._ps)

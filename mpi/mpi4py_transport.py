@@ -9,12 +9,16 @@ Needs a real MPI job (mpirun, or horovodrun with MPI); under `horovodrun --gloo`
 """
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import torch
 
 from .transport import Transport, displacements, split
 
 PUSH_TAG, PULL_TAG = 101, 102
+POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
 
 
 class Mpi4pyTransport(Transport):
@@ -36,6 +40,7 @@ class Mpi4pyTransport(Transport):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+        self.poll_seconds = float(os.environ.get(POLL_VAR, "0.00005"))
 
     def _exchange(self, sends, tag):
         """sends[r] (numpy uint8 or None) goes to rank r; returns the received parts as views
@@ -49,25 +54,32 @@ class Mpi4pyTransport(Transport):
         msgs, counts, status = [None] * self.size, [0] * self.size, MPI.Status()
         for src in range(self.size):
             if src != me:
-                msgs[src] = comm.Mprobe(source=src, tag=tag, status=status)
+                msgs[src] = self._probe(src, tag, status)
                 counts[src] = status.Get_count(MPI.BYTE)
-        recv = torch.empty(sum(counts), dtype=torch.uint8)
-        parts = split(recv, counts)
+        parts = split(np.empty(sum(counts), np.uint8), counts)
         for src, msg in enumerate(msgs):
             if msg is not None:
-                msg.Recv([parts[src].numpy(), MPI.BYTE])
+                msg.Recv([parts[src], MPI.BYTE])
         MPI.Request.Waitall(reqs)
         return parts
 
+    def _probe(self, src, tag, status):
+        """A matched probe that sleeps while it waits: MPI's own blocking probe spins, and on
+        ranks that share cores the spinning takes the cores from the ranks still computing."""
+        msg = self.comm.Improbe(source=src, tag=tag, status=status)
+        while msg is None:
+            time.sleep(self.poll_seconds)
+            msg = self.comm.Improbe(source=src, tag=tag, status=status)
+        return msg
+
     def _push(self, send, send_counts):
         mine = split(send, send_counts)
-        parts = self._exchange([p.numpy() for p in mine], PUSH_TAG)
+        parts = self._exchange(mine, PUSH_TAG)
         parts[self.rank] = mine[self.rank]
         return parts
 
     def _pull(self, send):
-        buf = send.numpy()
-        parts = self._exchange([buf] * self.size, PULL_TAG)
+        parts = self._exchange([send] * self.size, PULL_TAG)
         parts[self.rank] = send
         return parts
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 
+import numpy as np
 import torch
 
 from .transport import Transport, split
@@ -80,6 +81,7 @@ class TorchTransport(Transport):
         buffer (the part from this rank is empty)."""
         dist, me, g = self._dist, self.rank, self._group
         peers = [r for r in range(self.size) if r != me]
+        sends = [torch.from_numpy(b) for b in sends]
         lens_out = {r: torch.tensor([sends[r].numel()], dtype=torch.int64) for r in peers}
         lens_in = {r: torch.empty(1, dtype=torch.int64) for r in peers}
         reqs = [dist.irecv(lens_in[r], r, group=g, tag=tag) for r in peers]
@@ -88,11 +90,12 @@ class TorchTransport(Transport):
         for q in reqs[:len(peers)]:
             q.wait()
         counts = [0 if r == me else int(lens_in[r][0]) for r in range(self.size)]
-        parts = split(torch.empty(sum(counts), dtype=torch.uint8), counts)
+        recv = torch.empty(sum(counts), dtype=torch.uint8)
+        parts = split(recv, counts)
         reqs += [dist.irecv(parts[r], r, group=g, tag=tag + 1) for r in peers if counts[r]]
         for q in reqs[len(peers):]:
             q.wait()
-        return parts
+        return split(recv.numpy(), counts)
 
     def _push(self, send, send_counts):
         mine = split(send, send_counts)
@@ -107,11 +110,10 @@ class TorchTransport(Transport):
 
     # -- what the baselines use, on the same primitives -----------------------------------
     def _alltoallv(self, send, send_counts, recv_counts):
-        parts = self._push(send, send_counts)
-        return torch.cat(parts) if parts else send[:0]
+        return torch.from_numpy(np.concatenate(self._push(send.numpy(), send_counts)))
 
     def _allgatherv(self, send, recv_counts):
-        return torch.cat(self._pull(send))
+        return torch.from_numpy(np.concatenate(self._pull(send.numpy())))
 
     def _allgather_int64(self, row):
         t = torch.from_numpy(row)

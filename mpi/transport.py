@@ -17,7 +17,8 @@ the message itself (a matched probe, or a length sent with it), so no round is s
 
 - push(send, send_counts): part r of `send` goes to rank r; returns the n parts received;
 - pull(send): `send` goes to every other rank; returns the n parts received.
-Both return a list of n uint8 tensors, part `rank` being this rank's own (not sent). The first
+Both take and return flat uint8 numpy arrays (the data path works on numpy views of them), a
+list of n parts, part `rank` being this rank's own (not sent). The first
 `control` bytes of every part (a header) are counted as control bytes, the rest as data.
 """
 from __future__ import annotations
@@ -74,11 +75,11 @@ class Transport:
     def _allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _push(self, send: torch.Tensor, send_counts: list) -> list:
+    def _push(self, send: np.ndarray, send_counts: list) -> list:
         """Point-to-point all-to-all with sizes carried by the messages (see the module doc)."""
         raise NotImplementedError
 
-    def _pull(self, send: torch.Tensor) -> list:
+    def _pull(self, send: np.ndarray) -> list:
         """`send` to every other rank; what every rank sent, sizes carried by the messages."""
         raise NotImplementedError
 
@@ -106,23 +107,22 @@ class Transport:
         self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel())
         return out, recv_counts
 
-    def push(self, send: torch.Tensor, send_counts, control: int = 0) -> list:
+    def push(self, send: np.ndarray, send_counts, control: int = 0) -> list:
         """Part r of `send` (send_counts[r] bytes) goes to rank r. Returns the n parts received
         (part `rank` is this rank's own slice of `send`), rank-major, sizes from the messages."""
         send_counts = [int(c) for c in send_counts]
-        assert send.dtype == torch.uint8 and send.numel() == sum(send_counts)
+        assert send.dtype == np.uint8 and send.size == sum(send_counts)
         parts = self._push(send, send_counts)
         self._count(sum(send_counts) - send_counts[self.rank],
-                    sum(p.numel() for p in parts) - parts[self.rank].numel(), control)
+                    sum(p.size for p in parts) - parts[self.rank].size, control)
         return parts
 
-    def pull(self, send: torch.Tensor, control: int = 0) -> list:
+    def pull(self, send: np.ndarray, control: int = 0) -> list:
         """`send` goes to every other rank. Returns the n parts received, part `rank` being
         `send` itself."""
-        assert send.dtype == torch.uint8
+        assert send.dtype == np.uint8
         parts = self._pull(send) if self.size > 1 else [send]
-        self._count(send.numel() * (self.size - 1),
-                    sum(p.numel() for p in parts) - send.numel(), control)
+        self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
         return parts
 
     def _count(self, sent: int, received: int, control: int) -> None:
@@ -173,12 +173,12 @@ class Transport:
         return int(self.allgather_int64([int(value)])[root, 0])
 
 
-def split(buf: torch.Tensor, counts) -> list:
-    """Rank-major buffer -> its parts (views, no copies)."""
+def split(buf, counts) -> list:
+    """Rank-major buffer (numpy or torch) -> its parts (views, no copies)."""
     parts, off = [], 0
     for c in counts:
-        parts.append(buf[off:off + int(c)])
-        off += int(c)
+        parts.append(buf[off:off + c])
+        off += c
     return parts
 
 

@@ -17,6 +17,10 @@ Costs (bytes one worker receives; time = bytes / b, b cancels) with the wire for
 (costmodel.py): eq. (1) for balanced with COO Push and hash-bitmap-or-positions Pull, eq. (2)
 for hierarchical with positions-or-bitmap sets, and dense AllReduce 2 (n-1)/n M D v as a third
 candidate (it wins when tensors are nearly dense, where Theorem 1's COO analysis does not look).
+Each scheme also pays ZEN_HVD_ROUND_BYTES (default 128 KiB) per message step of its pattern
+(balanced: 2; hierarchical: 2 per stage, plus its fold): the alpha of an alpha-beta model, in
+bytes, so that a scheme with fewer bytes but many more rounds is not chosen for a small margin.
+Once decided, a call costs one dictionary lookup and a counter (observe returns at once).
 Schedule: call 0 runs balanced (reveals d_G and gamma_n); the choice is made after calls 1 and
 2 and re-checked every ZEN_HVD_AUTO_RECHECK (default 100) calls of the tensor. Every choice is
 logged on logger "zen_hvd.auto" and kept in scheme_choices().
@@ -34,6 +38,7 @@ from . import costmodel
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
 CANDIDATES = ("balanced", "hierarchical", "allreduce")
+DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores
 
 
 @dataclasses.dataclass
@@ -46,6 +51,8 @@ class Profile:
     predicted: dict = dataclasses.field(default_factory=dict)
     decided_at: int = -1
     recheck: int = dataclasses.field(default_factory=lambda: recheck_every())  # read once
+    round_bytes: int = dataclasses.field(default_factory=lambda: int(os.environ.get(
+        "ZEN_HVD_ROUND_BYTES", str(DEFAULT_ROUND_BYTES))))
 
 
 _profiles: dict = {}
@@ -87,11 +94,14 @@ def observe(name, scheme, layout, info, transport) -> None:
     vbytes = torch.empty(0, dtype=layout.dtype).element_size() * layout.unit_size
     prof.predicted = costmodel.predict_bytes(n, M, prof.d_G, costmodel.gamma_curve(
         n, k, prof.gamma_n, prof.stage_gammas), vbytes, CANDIDATES)
-    best = min(CANDIDATES, key=lambda s: (prof.predicted[s], CANDIDATES.index(s)))
+    # Each message step costs a round trip whatever it carries (costmodel.message_steps): in
+    # bytes, what a link moves meanwhile (alpha-beta model with alpha b = ZEN_HVD_ROUND_BYTES).
+    cost = {s: prof.predicted[s] + costmodel.message_steps(n, s) * prof.round_bytes for s in CANDIDATES}
+    best = min(CANDIDATES, key=lambda s: (cost[s], CANDIDATES.index(s)))
     if best != prof.scheme or prof.decided_at < 0:
         log.info("zen_hvd auto: tensor %r on %d ranks -> %s (d_G=%.4g, gamma_n=%.3g, predicted "
-                 "bytes received per worker: %s)", name, n, best, prof.d_G, prof.gamma_n,
-                 ", ".join(f"{s} {prof.predicted[s]:.3g}" for s in CANDIDATES))
+                 "bytes received per worker plus %d per message step: %s)", name, n, best, prof.d_G,
+                 prof.gamma_n, prof.round_bytes, ", ".join(f"{s} {cost[s]:.3g}" for s in CANDIDATES))
     prof.scheme, prof.decided_at = best, prof.calls
 
 

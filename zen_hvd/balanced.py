@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
 from .cuda_kernels import data_path as kernels
 from .cuda_kernels import h0, hierarchical_hashing
@@ -98,8 +97,7 @@ class BalancedParallelism:
         H = header.nbytes
         sizes = H + ((counts * isz + 7) & ~7) + ((counts * vsz + 7) & ~7)
         offs = np.cumsum(sizes) - sizes
-        send = torch.zeros(int(sizes.sum()), dtype=torch.uint8)
-        buf = send.numpy()
+        buf = np.zeros(int(sizes.sum()), np.uint8)
         for off in offs:
             buf[off:off + H].view(np.int64)[:] = header
         if counts.sum():
@@ -109,7 +107,7 @@ class BalancedParallelism:
                          src.units, src.values, src.dense_src, src.unique)
 
         # 2. Push (round 1), the header check
-        parts = tr.push(send, sizes, control=H)
+        parts = tr.push(buf, sizes, control=H)
         table, short = _header_table(parts, H, header.size)
         if not short:
             check_table(name, table, scheme_names)
@@ -117,15 +115,15 @@ class BalancedParallelism:
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
         expected = H + ((from_worker * isz + 7) & ~7) + ((from_worker * vsz + 7) & ~7)
-        malformed = short or [r for r in range(n) if parts[r].numel() != expected[r]]
+        malformed = short or [r for r in range(n) if parts[r].size != expected[r]]
         if malformed:
-            pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8))
+            pull = np.array([_MALFORMED], np.int64).view(np.uint8)
         else:
             pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale)
 
         # 4. Pull (round 2)
         pulled = tr.pull(pull)
-        tags = [int(p[:8].numpy().view(np.int64)[0]) if p.numel() >= 8 else _MALFORMED for p in pulled]
+        tags = [int(p[:8].view(np.int64)[0]) if p.size >= 8 else _MALFORMED for p in pulled]
         if _MALFORMED in tags:
             bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
             raise InvalidTensorError(
@@ -138,12 +136,11 @@ class BalancedParallelism:
         starts = np.cumsum(K) - K
         all_units = np.empty(int(K.sum()), np.int64)
         views = []
-        for s, (p, t) in enumerate(zip(pulled, tags)):
+        for s, (b, t) in enumerate(zip(pulled, tags)):
             nb = (h0.server_size(M, n, s) + 63) // 64 * 8 if t & 1 == BITMAP else pad8(K[s] * isz)
-            if p.numel() != 8 + nb + pad8(K[s] * vsz):
+            if b.size != 8 + nb + pad8(K[s] * vsz):
                 raise InvalidTensorError(f"zen_hvd: tensor {name!r}: the Pull message of server {s} "
-                                         f"has {p.numel()} bytes, its tag says {8 + nb + pad8(K[s] * vsz)}")
-            b = p.numpy()
+                                         f"has {b.size} bytes, its tag says {8 + nb + pad8(K[s] * vsz)}")
             dst = all_units[starts[s]:starts[s] + K[s]]
             if t & 1 == BITMAP:
                 kernels.units_of_bitmap(b[8:8 + nb].view(np.uint64), s, n, M, B, keys, dst)
@@ -173,8 +170,7 @@ class BalancedParallelism:
         order at their slots."""
         isz, vsz = idt.itemsize, D * vdtype.itemsize
         positions, values = [], []
-        for p, k in zip(parts, from_worker):
-            b = p.numpy()
+        for b, k in zip(parts, from_worker):
             positions.append(b[H:H + k * isz].view(idt))
             v0 = H + pad8(k * isz)
             values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
@@ -184,8 +180,7 @@ class BalancedParallelism:
         prefix, K = kernels.word_prefix(words)                 # K = |I'_me|
         fmt = BITMAP if words.nbytes <= pad8(K * isz) else POSITIONS
         nb = words.nbytes if fmt == BITMAP else pad8(K * isz)
-        pull = torch.zeros(8 + nb + pad8(K * vsz), dtype=torch.uint8)
-        b = pull.numpy()
+        pull = b = np.zeros(8 + nb + pad8(K * vsz), np.uint8)
         b[:8].view(np.int64)[0] = 2 * K + fmt
         if fmt == BITMAP:
             b[8:8 + nb].view(np.uint64)[:] = words
@@ -203,8 +198,8 @@ def _header_table(parts, H, width):
     """Every rank's header, from the first H bytes of its Push part, and the ranks whose part
     is too short to hold one."""
     table = np.zeros((len(parts), width), np.int64)
-    short = [r for r, p in enumerate(parts) if p.numel() < H]
+    short = [r for r, p in enumerate(parts) if p.size < H]
     for r, p in enumerate(parts):
         if r not in short:
-            table[r] = p[:H].numpy().view(np.int64)
+            table[r] = p[:H].view(np.int64)
     return table, short

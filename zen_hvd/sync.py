@@ -132,14 +132,13 @@ def exchange_headers(name, header, tr) -> np.ndarray:
     checked. The same round as balanced parallelism's Push, so ranks that disagree about the
     scheme still meet in it and raise the same error."""
     H = header.nbytes
-    row = torch.from_numpy(header.view(np.uint8))
-    parts = tr.push(row.repeat(tr.size), [H] * tr.size, control=H)
-    if any(p.numel() != H for p in parts):
-        sizes = [p.numel() for p in parts]
-        table = np.stack([p[:H].numpy().view(np.int64) for p in parts if p.numel() >= H])
+    parts = tr.push(np.tile(header.view(np.uint8), tr.size), [H] * tr.size, control=H)
+    if any(p.size != H for p in parts):
+        sizes = [p.size for p in parts]
+        table = np.stack([p[:H].view(np.int64) for p in parts if p.size >= H])
         check_table(name, table, SCHEME_NAMES)   # raises if a balanced peer is the cause
         raise ValueError(f"zen_hvd: tensor {name!r}: header messages of sizes {sizes}, expected {H}")
-    table = np.stack([p.numpy().view(np.int64) for p in parts])
+    table = np.stack([p.view(np.int64) for p in parts])
     check_table(name, table, SCHEME_NAMES)
     return table
 
