@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .transport import Transport, split
+from .transport import Transport, as_tensor, split
 
 
 class HorovodTransport(Transport):
@@ -43,7 +43,7 @@ class HorovodTransport(Transport):
 
     def _push(self, send, send_counts):
         splits = torch.tensor(send_counts, dtype=torch.int32)
-        out, received = self._hvd.alltoall(torch.from_numpy(send), splits=splits, name=self._name(),
+        out, received = self._hvd.alltoall(as_tensor(send), splits=splits, name=self._name(),
                                             process_set=self._ps)
         return split(out.numpy(), received.tolist())
 

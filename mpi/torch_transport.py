@@ -19,7 +19,7 @@ import socket
 import numpy as np
 import torch
 
-from .transport import Transport, split
+from .transport import Transport, as_tensor, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # lengths travel on tag, payloads on tag + 1
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
@@ -81,7 +81,7 @@ class TorchTransport(Transport):
         buffer (the part from this rank is empty)."""
         dist, me, g = self._dist, self.rank, self._group
         peers = [r for r in range(self.size) if r != me]
-        sends = [torch.from_numpy(b) for b in sends]
+        sends = [as_tensor(b) for b in sends]
         lens_out = {r: torch.tensor([sends[r].numel()], dtype=torch.int64) for r in peers}
         lens_in = {r: torch.empty(1, dtype=torch.int64) for r in peers}
         reqs = [dist.irecv(lens_in[r], r, group=g, tag=tag) for r in peers]
@@ -110,10 +110,10 @@ class TorchTransport(Transport):
 
     # -- what the baselines use, on the same primitives -----------------------------------
     def _alltoallv(self, send, send_counts, recv_counts):
-        return torch.from_numpy(np.concatenate(self._push(send.numpy(), send_counts)))
+        return as_tensor(np.concatenate(self._push(send.numpy(), send_counts)))
 
     def _allgatherv(self, send, recv_counts):
-        return torch.from_numpy(np.concatenate(self._pull(send.numpy())))
+        return as_tensor(np.concatenate(self._pull(send.numpy())))
 
     def _allgather_int64(self, row):
         t = torch.from_numpy(row)

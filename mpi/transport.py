@@ -173,6 +173,12 @@ class Transport:
         return int(self.allgather_int64([int(value)])[root, 0])
 
 
+def as_tensor(a: np.ndarray) -> torch.Tensor:
+    """A uint8 numpy buffer as a torch tensor sharing its memory (numpy gives empty arrays a
+    stride of 0, which torch then refuses to view as another dtype)."""
+    return torch.from_numpy(a) if a.size else torch.zeros(0, dtype=torch.uint8)
+
+
 def split(buf, counts) -> list:
     """Rank-major buffer (numpy or torch) -> its parts (views, no copies)."""
     parts, off = [], 0
