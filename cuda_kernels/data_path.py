@@ -22,7 +22,7 @@ _M1, _M2, _M4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np
 _H01, _ONE = np.uint64(0x0101010101010101), np.uint64(1)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def popcount64(x):
     """Set bits of a uint64 (SWAR)."""
     x = x - ((x >> _ONE) & _M1)
@@ -33,7 +33,7 @@ def popcount64(x):
 
 # ---- 1. pack (worker) ----------------------------------------------------------------------
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def partition(units, M, B, n, keys, unique):
     """Per input entry i: server part[i] = pi(u) mod n, bit pos[i] = pi(u) div n, and its row
     local[i] in that server's part; counts[p] = distinct units for server p. Entries with the
@@ -69,7 +69,7 @@ def partition(units, M, B, n, keys, unique):
     return part, local, pos, counts, -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def pack(idx_view, val_view, idx_off, val_off, part, local, pos, units, values, dense_src, unique):
     """Push buffer: server p's positions at idx_view[idx_off[p] + row], its values at
     val_view[val_off[p] + row * D]. Entry i's values are values[units[i]] (a dense table,
@@ -90,14 +90,14 @@ def pack(idx_view, val_view, idx_off, val_off, part, local, pos, units, values, 
 
 # ---- 2. aggregate (server) -----------------------------------------------------------------
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def set_bits(words, positions):
     """Bitmap |= the given positions (which may repeat)."""
     for j in positions:
         words[j >> 6] |= _ONE << np.uint64(j & 63)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def word_prefix(words):
     """Exclusive prefix sum of the words' popcounts, and the total: a set bit's slot is
     prefix[j >> 6] + popcount of the bits below it in its word."""
@@ -109,7 +109,7 @@ def word_prefix(words):
     return prefix, total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def bitmap_positions(words, out):
     """The set bits' positions, ascending, into out (as many as are set)."""
     k = 0
@@ -124,7 +124,7 @@ def bitmap_positions(words, out):
             b += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def add_part(acc, words, prefix, positions, values, prescale):
     """acc[slot(j)] += prescale * values[i] for the i-th received position j (one worker's
     part; called for the workers in rank order, so every run adds in the same order)."""
@@ -142,7 +142,7 @@ def add_part(acc, words, prefix, positions, values, prescale):
 
 # ---- 3. decode and scatter (worker) --------------------------------------------------------
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def units_of_bitmap(words, p, n, M, B, keys, out):
     """Bit j of server p is unit pi^-1(j n + p) (Section 3.3), ascending j, into out."""
     k = 0
@@ -157,13 +157,13 @@ def units_of_bitmap(words, p, n, M, B, keys, out):
             b += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def units_of_positions(positions, p, n, M, B, keys, out):
     for i in range(positions.size):
         out[i] = _unpermute_one_cpu(np.int64(positions[i]) * n + p, M, B, keys)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def scatter(out, rows, values, scale, divisor):
     """out[rows[i]] = values[i] * scale (floats) or values[i] / divisor truncated toward zero
     (integers averaged: divisor > 0). One loop per case, so the inner loop stays branch-free."""

@@ -95,7 +95,7 @@ def _build(jit, murmur3_32):
     return permute_one, unpermute_one
 
 
-_permute_one_cpu, _unpermute_one_cpu = _build(numba.njit(cache=True), murmur3_32_cpu)
+_permute_one_cpu, _unpermute_one_cpu = _build(numba.njit(cache=True, nogil=True), murmur3_32_cpu)
 permute_one_gpu, unpermute_one_gpu = _build(cuda.jit(device=True), murmur3_32_gpu)
 
 
@@ -103,7 +103,7 @@ permute_one_gpu, unpermute_one_gpu = _build(cuda.jit(device=True), murmur3_32_gp
 
 # Serial on purpose: each rank is one process, and several ranks usually share a machine's
 # cores, so threads inside a rank would only oversubscribe them.
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _permute_cpu(units, M, B, keys, inverse):
     out = np.empty_like(units)
     for i in range(units.size):

@@ -34,6 +34,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sync", choices=["zen", "horovod", "horovod-dense"], default="zen")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3, help="steps run before the timed ones")
     ap.add_argument("--batch", type=int, default=16, help="sequences per rank")
     ap.add_argument("--seq-len", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=128)
@@ -108,7 +109,8 @@ def computed_horovod_bytes(model, args, hvd):
 
 
 def train(args):
-    """Returns this rank's {samples_per_s, final_loss, zen_bytes, horovod_bytes} per step."""
+    """Returns this rank's {samples_per_s, step_seconds (median), final_loss, zen_bytes,
+    horovod_bytes} per timed step (the --warmup steps before them are not counted)."""
     import horovod.torch as hvd
     import zen_hvd
 
@@ -118,25 +120,29 @@ def train(args):
     opt = make_optimizer(model, args)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     stream = token_stream(args, hvd.rank())
-    zen_hvd.reset_comm_stats()
-    horovod_bytes, elapsed, loss = 0.0, 0.0, None
-    for _ in range(args.steps):
+    horovod_bytes, times, loss = 0.0, [], None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            zen_hvd.reset_comm_stats()
+            horovod_bytes, times = 0.0, []
         tokens, negatives = next(stream)
         hvd.barrier()
         t0 = time.perf_counter()
         loss = model.loss(tokens, negatives)
         loss.backward()
-        elapsed += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
         horovod_bytes += computed_horovod_bytes(model, args, hvd)  # not timed
         t0 = time.perf_counter()
         opt.step()
-        elapsed += time.perf_counter() - t0
+        times.append(elapsed + time.perf_counter() - t0)
         opt.zero_grad()
     final = hvd.allreduce(loss.detach(), name="lstm_lm.loss").item()  # mean over ranks
     zen = zen_hvd.comm_stats()
-    return dict(samples_per_s=args.steps * args.batch * hvd.size() / elapsed, final_loss=final,
-                zen_bytes=(zen["bytes_received"] + zen["control_bytes_received"]) / args.steps,
-                horovod_bytes=horovod_bytes / args.steps)
+    steps = max(1, args.steps)
+    return dict(samples_per_s=len(times) * args.batch * hvd.size() / max(sum(times), 1e-12),
+                step_seconds=float(np.median(times)) if times else 0.0, final_loss=final,
+                zen_bytes=(zen["bytes_received"] + zen["control_bytes_received"]) / steps,
+                horovod_bytes=horovod_bytes / steps)
 
 
 def main():
@@ -145,7 +151,8 @@ def main():
     import horovod.torch as hvd
 
     if hvd.rank() == 0:
-        print(f"lstm_lm --sync {args.sync}: {hvd.size()} ranks, {args.steps} steps, batch {args.batch} x "
+        print(f"lstm_lm --sync {args.sync}: {hvd.size()} ranks, {args.steps} steps after {args.warmup} "
+              f"warm-up steps, batch {args.batch} x "
               f"{args.seq_len}, vocab {args.vocab} x {args.embed}, hidden {args.hidden}")
         print(f"  {r['samples_per_s']:.1f} samples/s, final loss {r['final_loss']:.6f}, bytes/step/rank "
               f"received: Zen {r['zen_bytes']:,.0f} (counted) + Horovod {r['horovod_bytes']:,.0f} (computed)")

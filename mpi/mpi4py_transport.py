@@ -17,7 +17,7 @@ import torch
 
 from .transport import Transport, displacements, split
 
-PUSH_TAG, PULL_TAG = 101, 102
+PUSH_TAG, PULL_TAG, STEP_TAG = 101, 102, 103
 POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
 
 
@@ -60,7 +60,7 @@ class Mpi4pyTransport(Transport):
         for src, msg in enumerate(msgs):
             if msg is not None:
                 msg.Recv([parts[src], MPI.BYTE])
-        MPI.Request.Waitall(reqs)
+        self._wait(reqs)
         return parts
 
     def _probe(self, src, tag, status):
@@ -108,10 +108,21 @@ class Mpi4pyTransport(Transport):
         self.comm.Allreduce(self._MPI.IN_PLACE, t.numpy())
         return t
 
-    def _sendrecv(self, send, peer, recv_count):
-        recv = torch.empty(recv_count, dtype=torch.uint8)
-        if peer is not None:
-            B = self._MPI.BYTE
-            self.comm.Sendrecv([send.numpy(), B], dest=peer, sendtag=77,
-                               recvbuf=[recv.numpy(), B], source=peer, recvtag=77)
-        return recv
+    def _swap(self, send, peer, receive):
+        if peer is None:
+            return None
+        MPI = self._MPI
+        reqs = [self.comm.Isend([send, MPI.BYTE], dest=peer, tag=STEP_TAG)] if send is not None else []
+        got = None
+        if receive:
+            status = MPI.Status()
+            msg = self._probe(peer, STEP_TAG, status)
+            got = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            msg.Recv([got, MPI.BYTE])
+        self._wait(reqs)
+        return got
+
+    def _wait(self, reqs):
+        """Wait for sends, sleeping between tests (MPI's own wait spins, see _probe)."""
+        while reqs and not self._MPI.Request.Testall(reqs):
+            time.sleep(self.poll_seconds)

@@ -126,13 +126,24 @@ class TorchTransport(Transport):
         self._dist.all_reduce(t, group=self._group)
         return t
 
-    def _sendrecv(self, send, peer, recv_count):
-        recv = torch.empty(recv_count, dtype=torch.uint8)
-        if peer is not None:
-            dist, g = self._dist, self._group
-            reqs = [dist.isend(send, peer, group=g, tag=STEP_TAG)] if send.numel() else []
-            if recv_count:
-                reqs.append(dist.irecv(recv, peer, group=g, tag=STEP_TAG))
-            for q in reqs:
-                q.wait()
-        return recv
+    def _swap(self, send, peer, receive):
+        if peer is None:
+            return None
+        dist, g = self._dist, self._group
+        reqs, length = [], torch.tensor([0 if send is None else send.size], dtype=torch.int64)
+        if send is not None:
+            reqs.append(dist.isend(length, peer, group=g, tag=STEP_TAG))
+            payload = as_tensor(send)   # held until the sends complete
+            if send.size:
+                reqs.append(dist.isend(payload, peer, group=g, tag=STEP_TAG + 1))
+        got = None
+        if receive:
+            n_in = torch.empty(1, dtype=torch.int64)
+            dist.irecv(n_in, peer, group=g, tag=STEP_TAG).wait()
+            got = torch.empty(int(n_in[0]), dtype=torch.uint8)
+            if got.numel():
+                dist.irecv(got, peer, group=g, tag=STEP_TAG + 1).wait()
+            got = got.numpy()
+        for q in reqs:
+            q.wait()
+        return got

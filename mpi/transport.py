@@ -6,6 +6,7 @@ and counts, per call, the bytes this rank sent to and received from *other* rank
 
 - alltoallv: sent = sum(send_counts) - send_counts[rank], received likewise with recv_counts;
 - allgatherv: sent = len(send) * (size - 1) (each peer gets a copy), received = the peers' parts;
+- swap (one step of a hierarchy): the bytes sent to and received from the one peer;
 - small integer exchanges (headers, counts, seeds) are counted the same way, as "control" bytes.
 
 Buffer layout is always rank-major: part r of a send (or receive) buffer goes to (came from)
@@ -149,24 +150,24 @@ class Transport:
         self.stats.add(moved, moved)
         return out
 
-    def _sendrecv(self, send: torch.Tensor, peer, recv_count: int) -> torch.Tensor:
-        """Default: an alltoallv in which this rank's only non-empty part goes to `peer`."""
-        send_counts = [0] * self.size
-        recv_counts = [0] * self.size
-        if peer is not None:
-            send_counts[peer], recv_counts[peer] = send.numel(), recv_count
-        return self._alltoallv(send, send_counts, recv_counts)
+    def _swap(self, send, peer, receive):
+        """Default: a push in which this rank's only non-empty part goes to `peer` (a
+        collective, so every rank of the set calls it, those sitting the step out too)."""
+        counts = [0] * self.size
+        if peer is not None and send is not None:
+            counts[peer] = send.size
+        parts = self._push(send if send is not None else np.zeros(0, np.uint8), counts)
+        return parts[peer] if receive and peer is not None else None
 
-    def sendrecv(self, send: torch.Tensor, peer, recv_count: int, control: bool = False) -> torch.Tensor:
-        """Point-to-point step of a hierarchy: send `send` to `peer` and receive `recv_count`
-        bytes from it (peer None: this rank sits the step out). Every rank of the set calls it
-        at the same step (the fallback is a collective alltoallv with one non-empty part)."""
-        assert send.dtype == torch.uint8
-        if peer is None:
-            send, recv_count = send[:0], 0
-        out = self._sendrecv(send, peer, int(recv_count))
-        self.stats.add(send.numel(), int(recv_count), control=control)
-        return out
+    def swap(self, send, peer, receive: bool = True):
+        """One point-to-point step of a hierarchy: `send` (uint8 numpy, or None) goes to
+        `peer`; returns the message `peer` sent this rank (if receive), its size carried by
+        the message, else None. peer None: this rank sits the step out. Every rank of the set
+        calls it at the same step."""
+        assert send is None or send.dtype == np.uint8
+        got = self._swap(send, peer, receive)
+        self.stats.add(0 if send is None or peer is None else send.size, 0 if got is None else got.size)
+        return got
 
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Rank `root`'s integer, on every rank."""

@@ -14,11 +14,17 @@ get the result back at the end (two extra steps of at most |I| units).
 Deterministic: both partners call merge(lower-rank group's set, higher-rank group's set), so
 they compute the same bits, and by induction every rank ends with bitwise the same tensor.
 
+A stage is one point-to-point message each way (the receiver learns its size from the
+message), and one pass over the values: the merge (cuda_kernels/merge.py) writes the union
+straight from the received message into the next stage's set; the set is written once into
+the next message.
+
 Wire format of one set: [int64 tag = 4 K + format][index part, padded to 8][values, padded];
-formats: positions (COO indices, int32 when M < 2^31), bitmap over [0, M) (M/8 bytes), dense
-(all M units' values, no index). Hierarchical centralization sends whichever of positions and
-bitmap is smaller; SparCML (baselines.py) sends positions until the merged set would exceed
-the dense size, then dense.
+formats: positions (COO indices, int32 when M < 2^31), bitmap over [0, M) (uint64 words,
+bit u of word u >> 6), dense (all M units' values, no index). Hierarchical centralization
+sends whichever of positions and bitmap is smaller; SparCML (baselines.py) sends positions
+until the merged set would exceed the dense size, then dense. float16 and bfloat16 values
+travel and add as float32 (numba has no arithmetic for them), as in balanced parallelism.
 """
 from __future__ import annotations
 
@@ -27,9 +33,12 @@ import dataclasses
 import numpy as np
 import torch
 
-from .hash_bitmap import bitmap_nbytes, decode, encode
-from .units import add_rows, sorted_unique
-from .wire import BITMAP, DENSE, POSITIONS, index_dtype, pad8, to_bytes
+from .cuda_kernels import data_path, merge as kernels
+from .hash_bitmap import bitmap_nbytes
+from .header import InvalidTensorError
+from .wire import BITMAP, DENSE, POSITIONS, index_dtype, pad8
+
+_WIDENED = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass
@@ -40,14 +49,16 @@ class Plan:
     units: np.ndarray           # unique ascending units
     values: torch.Tensor        # [K, D]
     num_units: int
+    name: str = ""              # the tensor's name, for errors
 
 
 @dataclasses.dataclass
 class UnitSet:
-    """An aggregated set: sparse (units ascending, values [K, D]) or dense (values [M, D])."""
+    """An aggregated set: sparse (units ascending int64, values [K, D]) or dense (units None,
+    values [M, D]); numpy arrays."""
 
     units: np.ndarray | None
-    values: torch.Tensor
+    values: np.ndarray
 
     @property
     def size(self) -> int:
@@ -55,25 +66,20 @@ class UnitSet:
 
 
 def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
-    """lower + higher, lower-rank group's values added first (same bits on both partners)."""
-    if lower.units is None or higher.units is None:
-        out = lower.values.clone() if lower.units is None else _scatter(lower, M)
-        if higher.units is None:
-            out += higher.values
-        else:
-            add_rows(out, higher.units, higher.values)
-        return UnitSet(None, out)
-    units = sorted_unique(np.concatenate([lower.units, higher.units]))
-    out = torch.zeros((units.size, lower.values.shape[1]), dtype=lower.values.dtype)
-    add_rows(out, np.searchsorted(units, lower.units), lower.values)
-    add_rows(out, np.searchsorted(units, higher.units), higher.values)
-    return UnitSet(units, out)
+    """lower + higher in one pass over the values (both partners call it alike)."""
+    if lower.units is not None and higher.units is not None:
+        return UnitSet(*kernels.merge_sorted(lower.units, lower.values, higher.units, higher.values))
+    out = lower.values.copy() if lower.units is None else dense_of(lower, M)
+    if higher.units is None:
+        out += higher.values
+    else:
+        kernels.add_rows(out, higher.units, higher.values)
+    return UnitSet(None, out)
 
 
-def _scatter(s: UnitSet, M: int) -> torch.Tensor:
-    out = torch.zeros((M, s.values.shape[1]), dtype=s.values.dtype)
-    if s.units.size:
-        out[torch.from_numpy(s.units)] = s.values
+def dense_of(s: UnitSet, M: int) -> np.ndarray:
+    out = np.zeros((M, s.values.shape[1]), s.values.dtype)
+    kernels.set_rows(out, s.units, s.values)
     return out
 
 
@@ -91,6 +97,7 @@ class RecursiveDoubling:
     name = "hierarchical"
 
     def plan(self, units, values, layout, transport, seed) -> Plan:
+        values = values.float() if values.dtype in _WIDENED else values
         return Plan(np.zeros(transport.size, np.int64), units, values, layout.num_units)
 
     def choose_format(self, s: UnitSet, M: int, isz: int, vsz: int) -> int:
@@ -99,56 +106,65 @@ class RecursiveDoubling:
         return BITMAP if bitmap_nbytes(M) < pad8(s.size * isz) else POSITIONS
 
     # -- one set on the wire ------------------------------------------------------------
-    def encode(self, s: UnitSet, M: int) -> torch.Tensor:
-        isz = index_dtype(M).itemsize
-        vsz = s.values.shape[1] * s.values.element_size()
-        fmt = self.choose_format(s, M, isz, vsz)
+    def encode(self, s: UnitSet, M: int) -> np.ndarray:
+        """The message of one set, written once into one buffer."""
+        idt = index_dtype(M)
+        D, dtype = s.values.shape[1], s.values.dtype
+        fmt = self.choose_format(s, M, idt.itemsize, D * dtype.itemsize)
         if fmt == DENSE and s.units is not None:
-            s = UnitSet(None, _scatter(s, M))
-        tag = torch.from_numpy(np.array([4 * s.size + fmt], np.int64).view(np.uint8))
-        parts = [tag]
+            s = UnitSet(None, dense_of(s, M))
+        K, vbytes = s.size, s.size * D * dtype.itemsize
+        nb = pad8(K * idt.itemsize) if fmt == POSITIONS else bitmap_nbytes(M) if fmt == BITMAP else 0
+        buf = np.empty(8 + nb + pad8(vbytes), np.uint8)
+        buf[:8].view(np.int64)[0] = 4 * K + fmt
+        head = buf[8:8 + nb]
         if fmt == POSITIONS:
-            parts.append(to_bytes(s.units.astype(index_dtype(M))))
+            head[K * idt.itemsize:] = 0
+            head[:K * idt.itemsize].view(idt)[:] = s.units
         elif fmt == BITMAP:
-            parts.append(to_bytes(encode(s.units, M)))
-        parts.append(to_bytes(s.values))
-        return torch.cat(parts)
+            words = head.view(np.uint64)
+            words[:] = 0
+            data_path.set_bits(words, s.units)
+        buf[8 + nb + vbytes:] = 0
+        buf[8 + nb:8 + nb + vbytes].view(dtype).reshape(K, D)[:] = s.values
+        return buf
 
     @staticmethod
-    def decode(buf: torch.Tensor, M: int, D: int, dtype) -> UnitSet:
-        tag = int(buf[:8].numpy().view(np.int64)[0])
-        K, fmt, off = tag >> 2, tag & 3, 8
+    def decode(buf: np.ndarray, M: int, D: int, dtype, name: str) -> UnitSet:
+        """A received message as a set; its values are a view of the message."""
+        tag = int(buf[:8].view(np.int64)[0]) if buf.size >= 8 else -1
+        K, fmt = tag >> 2, tag & 3
+        idt, vsz = index_dtype(M), D * np.dtype(dtype).itemsize
+        nb = pad8(K * idt.itemsize) if fmt == POSITIONS else bitmap_nbytes(M) if fmt == BITMAP else 0
+        if tag < 0 or fmt > DENSE or K > M or (fmt == DENSE and K != M) \
+                or buf.size != 8 + nb + pad8(K * vsz):
+            raise InvalidTensorError(
+                f"zen_hvd: tensor {name!r}: a hierarchy message of {buf.size} bytes does not match "
+                f"its tag {tag} (a peer sent a different tensor or a corrupt message)")
         units = None
         if fmt == POSITIONS:
-            idt = index_dtype(M)
-            units = buf[off:off + K * idt.itemsize].numpy().view(idt).astype(np.int64)
-            off += pad8(K * idt.itemsize)
+            units = buf[8:8 + K * idt.itemsize].view(idt).astype(np.int64)
         elif fmt == BITMAP:
-            nb = bitmap_nbytes(M)
-            units = decode(buf[off:off + nb].numpy()).astype(np.int64)
-            off += nb
-        vsz = D * torch.empty(0, dtype=dtype).element_size()
-        values = buf[off:off + K * vsz].view(dtype).reshape(K, D)
+            units = np.empty(K, np.int64)
+            data_path.bitmap_positions(buf[8:8 + nb].view(np.uint64), units)
+        values = buf[8 + nb:8 + nb + K * vsz].view(dtype).reshape(K, D)
         return UnitSet(units, values)
 
-    def exchange(self, s: UnitSet, peer, transport, M, D, dtype, send: bool = True, recv: bool = True):
-        """Send s to peer (if send) and receive peer's set (if recv); None if nothing came."""
-        payload = self.encode(s, M) if send and peer is not None else torch.zeros(0, dtype=torch.uint8)
-        size = torch.from_numpy(np.array([payload.numel()], np.int64).view(np.uint8))
-        got = transport.sendrecv(size, peer, 8, control=True)
-        n_in = int(got.numpy().view(np.int64)[0]) if recv and peer is not None else 0
-        data = transport.sendrecv(payload, peer, n_in)
-        return self.decode(data, M, D, dtype) if n_in else None
+    def exchange(self, s: UnitSet, peer, transport, M, name, send=True, recv=True):
+        """Send s to peer (if send) and receive peer's set (if recv): one message each way;
+        None if nothing came. peer None: this rank sits the stage out."""
+        payload = self.encode(s, M) if send and peer is not None else None
+        got = transport.swap(payload, peer, receive=recv)
+        return self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
 
     # -- the hierarchy ------------------------------------------------------------------
     def run(self, plan: Plan, table, transport):
-        n, me, M = transport.size, transport.rank, plan.num_units
-        D, dtype = plan.values.shape[1], plan.values.dtype
+        n, me, M, name = transport.size, transport.rank, plan.num_units, plan.name
         p = 1 << (n.bit_length() - 1)
         extra = n - p
-        cur = UnitSet(plan.units, plan.values)
+        cur = UnitSet(plan.units, plan.values.numpy())
         stage_sizes = [cur.size]  # |union| of this rank's group entering each stage
-        ex = lambda peer, **kw: self.exchange(cur, peer, transport, M, D, dtype, **kw)  # noqa: E731
+        ex = lambda peer, **kw: self.exchange(cur, peer, transport, M, name, **kw)  # noqa: E731
         # fold: ranks p..n-1 hand their set to rank - p
         if extra:
             if me >= p:
@@ -176,9 +192,9 @@ class RecursiveDoubling:
             else:
                 ex(None)
         if cur.units is None:
-            units, values = nonzero_units(cur.values)
+            units, values = nonzero_units(torch.from_numpy(cur.values))
         else:
-            units, values = cur.units, cur.values
+            units, values = cur.units, torch.from_numpy(cur.values)
         info = dict(stage_sizes=np.array(stage_sizes if me < p else [], np.int64),
                     union_size=int(units.size))
         return units, values, info

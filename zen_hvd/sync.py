@@ -109,12 +109,13 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
             out.copy_(values)
     else:
         units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx)
-        if prescale_factor != 1.0:
-            values = values * prescale_factor
-        if op == average:
-            values = values.div(tr.size) if floating else values.div(tr.size, rounding_mode="trunc")
-        if postscale_factor != 1.0:
-            values = values * postscale_factor
+        if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
+            factor = float(prescale_factor) * scale
+            values = values * factor if factor != 1.0 else values
+        else:
+            values = values * prescale_factor if prescale_factor != 1.0 else values
+            values = values.div(divisor, rounding_mode="trunc") if divisor else values
+            values = values * postscale_factor if postscale_factor != 1.0 else values
         if out is not None:
             if units.size:
                 out[torch.from_numpy(units)] = values.to(out.dtype)
@@ -149,6 +150,8 @@ def _run_scheme(chosen, name, cpu, layout, op, ctx):
     units, values, error, detail = to_units(cpu, layout)
     impl = SCHEMES[chosen]
     plan = impl.plan(units, values, layout, tr, ctx.seed) if error == OK else None
+    if plan is not None:
+        plan.name = name
     counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
     header = make_header(name, layout, op, ctx.seed, _CODES[chosen], error, detail,
                          0 if units is None else units.size, counts)

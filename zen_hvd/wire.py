@@ -28,14 +28,6 @@ def index_dtype(bound: int) -> np.dtype:
     return np.dtype(np.int32) if bound <= 2 ** 31 else np.dtype(np.int64)
 
 
-def to_bytes(array) -> torch.Tensor:
-    """A numpy array or torch tensor as uint8, zero-padded to a multiple of 8 bytes."""
-    t = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8)) if isinstance(array, np.ndarray) \
-        else array.contiguous().view(-1).view(torch.uint8)
-    pad = pad8(t.numel()) - t.numel()
-    return torch.cat([t, torch.zeros(pad, dtype=torch.uint8)]) if pad else t
-
-
 def part_nbytes(k: int, isz: int, vsz: int) -> int:
     """Bytes of one COO part: k indices of isz bytes and k rows of vsz bytes, each padded."""
     return pad8(int(k) * isz) + pad8(int(k) * vsz)
