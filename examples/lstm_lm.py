@@ -92,17 +92,24 @@ def make_optimizer(model, args):
                                         sparse_as_dense=args.sync == "horovod-dense")
 
 
-def computed_horovod_bytes(model, args, hvd):
-    """Bytes this rank will receive through Horovod this step, from the local gradients' sizes
-    (call between backward and synchronize; see the top of the file)."""
+def local_nnz(model):
+    """Entries of this rank's sparse gradients, before they are synchronized."""
+    return {name: p.grad._nnz() for name, p in model.named_parameters()
+            if p.grad is not None and p.grad.is_sparse}
+
+
+def computed_horovod_bytes(model, args, hvd, nnz_before):
+    """Bytes this rank received through Horovod this step, from the local gradients' sizes
+    (nnz_before: local_nnz before step(); call after step(); see the top of the file)."""
     n, total = hvd.size(), 0.0
     for name, p in model.named_parameters():
-        if p.grad is None or p.grad.is_sparse and args.sync == "zen":
+        if p.grad is None or name in nnz_before and args.sync == "zen":
             continue  # Zen's syncs are counted by zen_hvd.comm_stats()
-        if p.grad.is_sparse and args.sync == "horovod":  # allgather of indices and values
-            nnz = hvd.allgather(torch.tensor([p.grad._nnz()]), name=f"lstm_lm.nnz.{name}")
+        if name in nnz_before and args.sync == "horovod":  # allgather of indices and values
+            mine = nnz_before[name]
+            nnz = hvd.allgather(torch.tensor([mine]), name=f"lstm_lm.nnz.{name}")
             row = p.grad.sparse_dim() * 8 + p[0].numel() * p.element_size()
-            total += (int(nnz.sum()) - p.grad._nnz()) * row
+            total += (int(nnz.sum()) - mine) * row
         else:  # allreduce of the dense tensor
             total += 2 * (n - 1) / n * p.numel() * p.element_size()
     return total
@@ -130,11 +137,12 @@ def train(args):
         t0 = time.perf_counter()
         loss = model.loss(tokens, negatives)
         loss.backward()
-        elapsed = time.perf_counter() - t0
-        horovod_bytes += computed_horovod_bytes(model, args, hvd)  # not timed
-        t0 = time.perf_counter()
+        nnz = local_nnz(model)
         opt.step()
-        times.append(elapsed + time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
+        # Not timed, and after step(): its allgather must not give Horovod's sparse
+        # allgathers, queued during backward, untimed time to finish.
+        horovod_bytes += computed_horovod_bytes(model, args, hvd, nnz)
         opt.zero_grad()
     final = hvd.allreduce(loss.detach(), name="lstm_lm.loss").item()  # mean over ranks
     zen = zen_hvd.comm_stats()

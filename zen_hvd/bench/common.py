@@ -10,14 +10,25 @@ import time
 from .. import runtime
 
 
-def ensure_launched(ranks: int, module: str) -> None:
-    """If started without a launcher, re-run this module under `mpirun -np ranks`."""
-    if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:
-        return
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+def mpirun_command(ranks: int) -> list:
+    """mpirun for `ranks` local ranks, as every benchmark launches them:
+      - each rank bound to one core, ranks wrapping over the cores when there are more ranks
+        (unbound, the scheduler can keep three ranks on one core and one on the other for
+        seconds, and step times flip between two modes);
+      - Open MPI yielding the core while it waits (its busy polling takes the cores from the
+        ranks still computing; scripts/netns_cluster.sh passes the same)."""
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "core:overload-allowed",
+           "--map-by", "core", "--mca", "mpi_yield_when_idle", "1"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, "-m", module, *sys.argv[1:]]
+    return cmd
+
+
+def ensure_launched(ranks: int, module: str) -> None:
+    """If started without a launcher, re-run this module under mpirun (mpirun_command)."""
+    if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:
+        return
+    cmd = mpirun_command(ranks) + [sys.executable, "-m", module, *sys.argv[1:]]
     print("+", shlex.join(cmd), flush=True)
     os.execvp(cmd[0], cmd)
 

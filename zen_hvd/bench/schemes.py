@@ -110,10 +110,9 @@ def launch(args, n):
         script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "netns_cluster.sh")
         cmd = ["bash", os.path.abspath(script), "run", str(n), args.emulate, "--", *here]
     else:
-        cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        cmd += here
+        from zen_hvd.bench.common import mpirun_command
+
+        cmd = mpirun_command(n) + here
     print("+", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 

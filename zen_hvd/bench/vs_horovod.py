@@ -207,11 +207,9 @@ def launch(args):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
         cmd = ["bash", os.path.abspath(script), "run", str(args.ranks), args.emulate, "--", *here]
     else:
-        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "--bind-to", "none",
-               "--mca", "mpi_yield_when_idle", "1"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        cmd += here
+        from zen_hvd.bench.common import mpirun_command
+
+        cmd = mpirun_command(args.ranks) + here
     print("+", shlex.join(cmd), flush=True)
     sys.exit(subprocess.run(cmd).returncode)
 
