@@ -13,12 +13,14 @@ two parts of a message apart.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
 import numpy as np
 import torch
 
+from . import stall
 from .transport import Transport, as_tensor, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # lengths travel on tag, payloads on tag + 1
@@ -70,8 +72,11 @@ class TorchTransport(Transport):
                     socket.gethostbyname(addr))])
             info = hvd.broadcast(info, root_rank=0, name="zen_hvd.torch_transport.rendezvous")
             addr = ".".join(str(int(b)) for b in info[1:])
+            # Every wait of the group ends after the stall shutdown time (stall.py).
+            shutdown = stall.Policy.from_env(0.0).shutdown
+            kw = dict(timeout=datetime.timedelta(seconds=shutdown)) if shutdown > 0 else {}
             dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
-                                    rank=rank, world_size=size)
+                                    rank=rank, world_size=size, **kw)
             self._group = None
         super().__init__(rank, size)
 

@@ -57,6 +57,7 @@ class Transport:
     """Base class: rank bookkeeping and byte accounting; subclasses move the bytes."""
 
     name = "abstract"
+    activity = "(none yet)"   # the tensor being synchronized, for errors (set by the sync)
 
     def __init__(self, rank: int, size: int):
         self.rank = rank

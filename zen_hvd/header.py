@@ -55,6 +55,15 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
     return row
 
 
+def _op_name(code) -> str:
+    """Horovod's name of a reduction op code (zen_hvd.Average, zen_hvd.Sum, ...)."""
+    import horovod.torch as hvd
+
+    names = {getattr(hvd, op): op for op in ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+             if hasattr(hvd, op)}
+    return names.get(int(code), f"op code {int(code)}")
+
+
 def _shape(row) -> tuple:
     return tuple(int(d) for d in row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])
 
@@ -94,7 +103,7 @@ def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
             + ")")
     if differs([COL["op"]]):
         raise TensorMismatchError(f"{where}: reduction op differs across ranks ("
-                                  + per_rank(lambda row: str(row[COL["op"]])) + ")")
+                                  + per_rank(lambda row: _op_name(row[COL["op"]])) + ")")
     if differs([COL["seed"]]):
         raise TensorMismatchError(
             f"{where}: the partition hash seed differs across ranks ("

@@ -13,7 +13,7 @@ import secrets
 
 import numpy as np
 
-from .mpi import select
+from .mpi import select, stall
 
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 _transports: dict = {}
@@ -30,7 +30,8 @@ def launched_by_mpi() -> bool:
 
 def init(*args, **kwargs):
     """horovod.torch.init, preceded (under an MPI launcher) by mpi4py's MPI initialisation with
-    MPI_THREAD_MULTIPLE, so the mpi4py transport and Horovod's thread can share the job."""
+    MPI_THREAD_MULTIPLE, so the mpi4py transport and Horovod's thread can share the job, and by
+    stall.abort_on_uncaught (an uncaught error on one rank ends the MPI job)."""
     if launched_by_mpi():
         try:
             import mpi4py
@@ -39,6 +40,7 @@ def init(*args, **kwargs):
             from mpi4py import MPI  # noqa: F401  (initialises MPI)
         except ImportError:
             pass
+        stall.abort_on_uncaught()
     import horovod.torch as hvd
 
     return hvd.init(*args, **kwargs)
@@ -87,6 +89,8 @@ def context(name=None, process_set=None) -> Context:
     tr = _resolved.get(key)
     if tr is None:
         tr = _resolved[key] = get_transport(name, process_set)
+        if launched_by_mpi():
+            stall.abort_on_uncaught()
     seed = get_seed(tr, process_set)
     keys = _keys.get(seed)
     if keys is None:

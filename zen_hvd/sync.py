@@ -87,6 +87,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     ctx = runtime.context(transport, process_set)
     tr = ctx.transport
     name = name if name is not None else f"sparse_allreduce.noname.{next(_noname)}"
+    tr.activity = name
     chosen = auto.choose(name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
@@ -94,7 +95,15 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
     divisor = tr.size if op == average and not floating else 0
-    if chosen == "balanced":
+    if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
+        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
+                             np.zeros(tr.size, np.int64))
+        table = exchange_headers(name, header, tr)
+        units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
+        info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
+        if out is not None:
+            units, values = None, out
+    elif chosen == "balanced":
         if layout.dtype in _WIDENED:
             cpu = cpu.float()
         src = source(cpu, layout)
@@ -120,7 +129,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
             if units.size:
                 out[torch.from_numpy(units)] = values.to(out.dtype)
             units, values = None, out
-    if scheme == "auto":
+    if scheme == "auto" and layout.num_units:
         auto.observe(name, chosen, layout, info, tr)
     last_sync.clear()
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,

@@ -91,6 +91,9 @@ def empty(M, D):
 
 
 check("all_empty", [empty(100, 8)] * n)
+for scheme in ("balanced", "auto", "hierarchical"):   # an empty table (M = 0), as hvd.allreduce takes it
+    check(f"zero_rows_{scheme}", [empty(0, 8)] * n, scheme=scheme)
+    check(f"zero_rows_dense_{scheme}", [torch.zeros(0, 8)] * n, scheme=scheme)
 one_empty = rows(400, 8, 0.1, 0.5, 0.0, 5)
 one_empty[n - 1] = empty(400, 8)
 check("one_rank_empty", one_empty)
@@ -146,6 +149,11 @@ if n > 1:
     shapes = [torch.zeros(100 + (r == 1), 4) for r in range(n)]
     msg = expect_error(TensorMismatchError, "shape_mismatch", shapes)
     assert "shape differs" in msg
+    me_op = zen_hvd.Sum if me == 1 else zen_hvd.Average
+    msg = expect_error(TensorMismatchError, "op_mismatch", good, op=me_op)
+    assert "rank 1: Sum" in msg and "rank 0: Average" in msg, msg
+    zero_on_one = [torch.zeros(0 if r == 1 else 5, 4).to_sparse(1) for r in range(n)]
+    assert "shape differs" in expect_error(TensorMismatchError, "zero_rows_on_one_rank", zero_on_one)
     dtypes = [torch.zeros(10, 4, dtype=torch.float64 if r == 1 else torch.float32) for r in range(n)]
     assert "dtype differs" in expect_error(TensorMismatchError, "dtype_mismatch", dtypes)
     units_ = [torch.zeros(10, 4) if r != 1 else torch.zeros(10, 4).to_sparse(1) for r in range(n)]

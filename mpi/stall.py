@@ -1,0 +1,106 @@
+"""Deadlines on the transports' waits: a peer that died or fell out of step ends the job with
+an error that names the tensor and the ranks that did not arrive, never a hang.
+
+    ZEN_HVD_STALL_CHECK_TIME_SECONDS     warn once per wait after this long (default: Horovod's
+                                         HOROVOD_STALL_CHECK_TIME_SECONDS, else 60; 0: never)
+    ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS  give up after this long with StallError (default:
+                                         HOROVOD_STALL_SHUTDOWN_TIME_SECONDS when it is set
+                                         above 0, else 600; 0: wait forever)
+
+A wait polls its requests and sleeps `poll` seconds between polls, so a waiting rank leaves the
+cores to the ranks still computing. An uncaught error ends the MPI job (abort_on_uncaught,
+installed by zen_hvd at its first use under an MPI launcher): the ranks still waiting are
+ended by mpirun instead of waiting for their own deadline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("zen_hvd.stall")
+
+
+class StallError(RuntimeError):
+    """A wait of a sync passed the stall shutdown time."""
+
+
+def _seconds(ours: str, horovods: str, default: float, positive_only: bool = False) -> float:
+    if os.environ.get(ours):
+        return float(os.environ[ours])
+    theirs = os.environ.get(horovods)
+    if theirs and (float(theirs) > 0 or not positive_only):
+        return float(theirs)
+    return default
+
+
+@dataclasses.dataclass
+class Policy:
+    check: float
+    shutdown: float
+    poll: float
+
+    @classmethod
+    def from_env(cls, poll: float) -> "Policy":
+        return cls(_seconds("ZEN_HVD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+                   _seconds("ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                            600.0, positive_only=True),
+                   poll)
+
+
+def wait(done, policy: Policy, what: str, missing) -> None:
+    """Poll done() until it returns True. After policy.check seconds log a warning, after
+    policy.shutdown raise StallError; both name `what` (the tensor and the step) and
+    missing() (the ranks not arrived, or a phrase when a collective cannot tell)."""
+    if done():
+        return
+    start, warned = time.monotonic(), False
+    while True:
+        time.sleep(policy.poll)
+        if done():
+            return
+        elapsed = time.monotonic() - start
+        if policy.check > 0 and not warned and elapsed >= policy.check:
+            warned = True
+            log.warning("zen_hvd: %s: waited %.0f s for %s (a rank is slow, has died, or runs "
+                        "other syncs)", what, elapsed, missing())
+        if policy.shutdown > 0 and elapsed >= policy.shutdown:
+            raise StallError(
+                f"zen_hvd: {what}: gave up after {elapsed:.0f} s waiting for {missing()} "
+                "(ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank has died, or the ranks are out of "
+                "step (one ran more steps or syncs than the others)")
+
+
+def ranks_phrase(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+_installed = False
+
+
+def abort_on_uncaught() -> None:
+    """Make an uncaught exception end the whole MPI job (after printing it), as
+    `python -m mpi4py` does: otherwise the failed rank waits in MPI_Finalize and the others
+    in their next sync. ZEN_HVD_ABORT_ON_ERROR=0 leaves sys.excepthook alone."""
+    global _installed
+    if _installed or os.environ.get("ZEN_HVD_ABORT_ON_ERROR", "1") == "0":
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if issubclass(kind, KeyboardInterrupt):
+            return
+        try:
+            from mpi4py import MPI
+
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+        except Exception:  # noqa: BLE001  (no MPI to abort: exit as Python would)
+            pass
+
+    sys.excepthook = hook

@@ -1,0 +1,45 @@
+"""A peer that leaves or falls out of step: the job must end with an error, not hang.
+
+    mpirun -np 3 python tests/mpi/fault_cases.py MODE [TRANSPORT]
+
+MODE:
+  exit        rank 1 calls sys.exit(1) between two syncs; the others wait for its Push.
+  extra_step  rank 1 runs one optimizer step more than the others, which have finished.
+  raise       rank 1 raises an uncaught error between two syncs.
+The test runs it with a short ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS and expects mpirun to exit
+non-zero with the tensor and rank 1 named on a surviving rank (or the error of rank 1 itself).
+"""
+import sys
+
+import torch
+from torch import nn
+
+import zen_hvd
+
+mode = sys.argv[1]
+transport = sys.argv[2] if len(sys.argv) > 2 else "mpi4py"
+zen_hvd.init()
+me, n = zen_hvd.rank(), zen_hvd.size()
+grad = torch.sparse_coo_tensor(torch.tensor([[me, 5]]), torch.ones(2, 3), (10, 3))
+
+if mode in ("exit", "raise"):
+    zen_hvd.sparse_allreduce(grad, name="fault.first", transport=transport)
+    if me == 1:
+        if mode == "exit":
+            sys.exit(1)
+        raise RuntimeError("rank 1 fails between syncs")
+    zen_hvd.sparse_allreduce(grad, name="fault.second", transport=transport)
+    print(f"rank {me}: the second sync returned without rank 1", flush=True)
+elif mode == "extra_step":
+    torch.manual_seed(0)
+    model = nn.Embedding(10, 3, sparse=True)
+    opt = zen_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), transport=transport)
+    steps = 3 + (me == 1)
+    for _ in range(steps):
+        model(torch.tensor([me, 7])).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    print(f"rank {me}: finished {steps} steps", flush=True)
+else:
+    raise SystemExit(f"unknown mode {mode!r}")

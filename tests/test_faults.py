@@ -1,0 +1,29 @@
+"""A rank that leaves or runs ahead ends the job with an error naming the tensor and the rank,
+instead of a hang (tests/mpi/fault_cases.py). The subprocess timeout is only a guard: the
+assertion is mpirun's non-zero exit and the message."""
+import pytest
+
+from conftest import mpirun
+
+STALL = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "3", "ZEN_HVD_STALL_CHECK_TIME_SECONDS": "1"}
+
+
+@pytest.mark.parametrize("mode, tensor, missing", [
+    ("exit", "fault.second", "rank 1"),          # the survivors wait for rank 1's Push
+    ("extra_step", "weight", "ranks [0, 2]"),    # rank 1 waits for the others' Push
+])
+def test_departed_or_extra_rank_ends_the_job(mode, tensor, missing):
+    proc = mpirun(3, "fault_cases.py", mode, env=STALL, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "StallError" in out and f"tensor {tensor!r}" in out and missing in out, out[-3000:]
+    assert "returned without rank 1" not in out
+
+
+def test_uncaught_error_on_one_rank_ends_the_job():
+    # No stall deadline: only the abort of the failing rank (stall.abort_on_uncaught) ends it.
+    env = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "0"}
+    proc = mpirun(3, "fault_cases.py", "raise", env=env, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "rank 1 fails between syncs" in out, out[-3000:]
+    assert "returned without rank 1" not in out
