@@ -4,7 +4,8 @@
                   buffer's part for each server; duplicates of an uncoalesced input summed here;
     2. aggregate  server: the hash bitmap of I'_p from the received positions, then every part's
                   values added, in rank order 0..n-1, straight into the Pull buffer at the unit's
-                  rank in the bitmap (its slot);
+                  rank in the bitmap (its slot); or, for parts far sparser than the bitmap,
+                  the slots from a sort of the positions (add_slots);
     3. scatter    worker: each server's aggregated values, times the postscale factor, straight
                   into the output rows.
 Everything else touches indices only. Values are addressed through flat typed views of the
@@ -138,6 +139,17 @@ def add_part(acc, words, prefix, positions, values, prescale):
             acc[slot] += values[i]
         else:
             acc[slot] += prescale * values[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def add_slots(acc, slots, values, prescale):
+    """acc[slots[i]] += prescale * values[i]: add_part when the slots are known (the union of
+    positions found by a sort, for parts far sparser than the bitmap)."""
+    for i in range(slots.size):
+        if prescale == 1.0:
+            acc[slots[i]] += values[i]
+        else:
+            acc[slots[i]] += prescale * values[i]
 
 
 # ---- 3. decode and scatter (worker) --------------------------------------------------------

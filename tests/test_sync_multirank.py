@@ -34,3 +34,8 @@ def test_gpu_partitioner_in_real_syncs_under_cuda_simulator():
     proc = mpirun(2, "gpu_partition_cases.py",
                   env={"NUMBA_ENABLE_CUDASIM": "1", "ZEN_HVD_PARTITIONER": "gpu"})
     assert "all cases passed" in proc.stdout
+
+
+def test_memory_follows_nnz_on_a_3e9_row_table():
+    proc = mpirun(3, "memory_cases.py")
+    assert "all cases passed" in proc.stdout

@@ -12,7 +12,9 @@ A sync is two point-to-point rounds and three passes over the values (cuda_kerne
   3. aggregate (pass 2): server p builds the hash bitmap of I'_p over I_p from the received
      positions and adds the workers' values in rank order 0..n-1 (so every run computes the
      same bits) straight into the Pull buffer, at each unit's rank in the bitmap; the
-     prescale factor rides on this addition;
+     prescale factor rides on this addition. When the received positions take fewer bytes
+     than the bitmap, the union is found by sorting them instead (memory follows nnz, not
+     M / n: a 3e9-row table with a thousand non-zeros costs kilobytes);
   4. Pull (round 2, Algorithm 2): server p sends every worker [int64 tag = 2 K + format]
      [hash bitmap of I'_p, or its K positions when those take fewer bytes][K x D values];
   5. decode and scatter (pass 3): bit j of server p is unit pi^-1(j n + p); the values, times
@@ -34,7 +36,7 @@ import numpy as np
 from .cuda_kernels import data_path as kernels
 from .cuda_kernels import h0, hierarchical_hashing
 from .header import COL, COUNTS, InvalidTensorError, check_table
-from .units import INDEX_OUT_OF_RANGE, OK, sparse_result
+from .units import INDEX_OUT_OF_RANGE, OK, sorted_unique
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
 
 _MALFORMED = -1  # Pull tag of a server that received a Push part of the wrong size
@@ -174,7 +176,12 @@ class BalancedParallelism:
             positions.append(b[H:H + k * isz].view(idt))
             v0 = H + pad8(k * isz)
             values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
-        words = np.zeros((h0.server_size(M, n, me) + 63) // 64, np.uint64)
+        nb_bitmap = (h0.server_size(M, n, me) + 63) // 64 * 8
+        if nb_bitmap > pad8(sum(j.size for j in positions) * isz):
+            # Positions are fewer bytes than the bitmap even before duplicates merge: find the
+            # union by sorting them, so memory follows nnz and not M / n.
+            return _aggregate_sorted(positions, values, idt, vdtype, D, prescale)
+        words = np.zeros(nb_bitmap // 8, np.uint64)
         for j in positions:
             kernels.set_bits(words, j)
         prefix, K = kernels.word_prefix(words)                 # K = |I'_me|
@@ -192,6 +199,20 @@ class BalancedParallelism:
         for j, v in zip(positions, values):                    # rank order 0..n-1
             kernels.add_part(acc, words, prefix, j, v, prescale)
         return pull
+
+
+def _aggregate_sorted(positions, values, idt, vdtype, D, prescale):
+    """The Pull buffer in the positions format, the union found by a sort: O(nnz) memory."""
+    union = sorted_unique(np.concatenate(positions)) if positions else np.zeros(0, np.int64)
+    K, isz, vsz = union.size, idt.itemsize, D * vdtype.itemsize
+    pull = b = np.zeros(8 + pad8(K * isz) + pad8(K * vsz), np.uint8)
+    b[:8].view(np.int64)[0] = 2 * K + POSITIONS
+    b[8:8 + K * isz].view(idt)[:] = union
+    v0 = 8 + pad8(K * isz)
+    acc = b[v0:v0 + K * vsz].view(vdtype).reshape(K, D)
+    for j, v in zip(positions, values):                        # rank order 0..n-1
+        kernels.add_slots(acc, np.searchsorted(union, j), v, prescale)
+    return pull
 
 
 def _header_table(parts, H, width):
