@@ -34,15 +34,19 @@ class Mpi4pyTransport(Transport):
         ranks = None
         if process_set is not None:
             ranks = getattr(process_set, "ranks", None)
+        self.policy = stall.Policy.from_env(float(os.environ.get(POLL_VAR, "0.00005")))
         if ranks is None or sorted(ranks) == list(range(world.Get_size())):
-            self.comm = world.Dup()
+            # Non-blocking, under the stall policy: a rank that never builds this transport
+            # (it chose another) must not leave the others blocked here.
+            self.comm, request = world.Idup()
+            stall.wait(request.Test, self.policy, "the mpi4py transport's communicator",
+                       lambda: "every rank to create it (do all ranks use the mpi4py transport?)")
         else:
             # Ranks outside the set get COMM_NULL and never build this transport.
             group = world.Get_group().Incl(sorted(ranks))
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
-        self.policy = stall.Policy.from_env(float(os.environ.get(POLL_VAR, "0.00005")))
 
     def _exchange(self, sends, tag):
         """sends[r] (numpy uint8 or None) goes to rank r; returns the received parts as views

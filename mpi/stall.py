@@ -69,8 +69,9 @@ def wait(done, policy: Policy, what: str, missing) -> None:
         if policy.shutdown > 0 and elapsed >= policy.shutdown:
             raise StallError(
                 f"zen_hvd: {what}: gave up after {elapsed:.0f} s waiting for {missing()} "
-                "(ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank has died, or the ranks are out of "
-                "step (one ran more steps or syncs than the others)")
+                "(ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank has died, the ranks are out of "
+                "step (one ran more steps or syncs than the others), or they use different "
+                "transports (transport= and ZEN_HVD_TRANSPORT must agree on every rank)")
 
 
 def ranks_phrase(ranks) -> str:

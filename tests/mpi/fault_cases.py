@@ -6,6 +6,7 @@ MODE:
   exit        rank 1 calls sys.exit(1) between two syncs; the others wait for its Push.
   extra_step  rank 1 runs one optimizer step more than the others, which have finished.
   raise       rank 1 raises an uncaught error between two syncs.
+  transport   rank 1 syncs over Horovod's collectives, the others over mpi4py.
 The test runs it with a short ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS and expects mpirun to exit
 non-zero with the tensor and rank 1 named on a surviving rank (or the error of rank 1 itself).
 """
@@ -41,5 +42,8 @@ elif mode == "extra_step":
         opt.step()
         opt.zero_grad()
     print(f"rank {me}: finished {steps} steps", flush=True)
+elif mode == "transport":
+    zen_hvd.sparse_allreduce(grad, name="fault.mixed", transport="horovod" if me == 1 else "mpi4py")
+    print(f"rank {me}: a sync over mixed transports returned", flush=True)
 else:
     raise SystemExit(f"unknown mode {mode!r}")
