@@ -1,5 +1,5 @@
 """scheme="auto": pick balanced parallelism or hierarchical centralization per tensor
-(PAPER.md section 2.3: "Zen profiles the first iterations and picks by comparing (1) and (2)").
+(docs/algorithm.md §2: profile the first syncs, compare equations (1) and (2)).
 
 Per tensor name, every sync feeds a profile with numbers every rank has bitwise alike (so every
 rank makes the same choice without an extra message):

@@ -1,4 +1,4 @@
-"""Balanced parallelism (PAPER.md section 3): hash-partitioned Push, aggregation, Pull.
+"""Balanced parallelism (docs/algorithm.md §3 and §6): hash-partitioned Push, aggregation, Pull.
 
 Every rank is a worker and a server. With h0 (first-level hash, a keyed bijection pi of the M
 units, the same on every rank) unit u belongs to server p = pi(u) mod n at bit j = pi(u) div n.

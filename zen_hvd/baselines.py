@@ -1,4 +1,4 @@
-"""The existing schemes Zen is compared with (PAPER.md section 2.2), on zen_hvd's transports.
+"""The existing schemes Zen is compared with (docs/algorithm.md §2), on zen_hvd's transports.
 
 All are lossless, take the same units as balanced parallelism (rows of D values or elements),
 aggregate in rank order (so every rank computes the same bits), and count their bytes through

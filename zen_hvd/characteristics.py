@@ -1,4 +1,4 @@
-"""Sparsity characteristics of gradients across ranks (PAPER.md section 1 and Def. 8).
+"""Sparsity characteristics of gradients across ranks (docs/algorithm.md §1 and §3).
 
     overlap ratio      (Def. 3)  |I1 & I2| / min(|I1|, |I2|), mean over pairs of ranks
     densification      (Def. 4)  gamma_m = d_m / d_G = |I_1 u .. u I_m| / mean |I_i|

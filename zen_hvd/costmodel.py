@@ -6,7 +6,7 @@ positions), v = D x value bytes per unit, k = d_G M units per worker, |I_m| = ga
 in the union of m workers, f = (n-1)/n, p = 2^floor(log2 n):
 
   allreduce     2 f M v                                               (ring)
-  balanced      f k (i + v)  +  f (|I_n| v + min(M/8, |I_n| i))         PAPER.md eq. (1)
+  balanced      f k (i + v)  +  f (|I_n| v + min(M/8, |I_n| i))         docs/algorithm.md eq. (1)
   hierarchical  sum_{i=1..log2 p} c(|I_{m_i}|),  c(s) = s v + min(s i, M/8)   eq. (2)
   sparcml       sum_{i=1..log2 p} min(s (i + v), M v)   at s = |I_{m_i}|
   agsparse      (n-1) k (i + v)

@@ -1,4 +1,4 @@
-"""The hash bitmap (PAPER.md section 5, Algorithm 2).
+"""The hash bitmap (docs/algorithm.md §5).
 
 Server p owns I_p = {u : h0(u) = p}. With h0 a keyed bijection pi of [0, M) and
 p = pi(u) mod n, the unit u sits at bit j = pi(u) div n of server p's bitmap, so |I_p| =

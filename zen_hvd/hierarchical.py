@@ -1,4 +1,4 @@
-"""Hierarchical centralization (PAPER.md section 2.3, Theorem 1 and equation (2)).
+"""Hierarchical centralization (docs/algorithm.md §2, equation (2)).
 
 Hierarchy + incremental aggregation + centralized partition: recursive doubling. At stage i
 (i = 1..log2 n) rank r exchanges its whole aggregated set with partner r XOR 2^(i-1) and both
@@ -201,7 +201,7 @@ class RecursiveDoubling:
 
 
 class HierarchicalCentralization(RecursiveDoubling):
-    """PAPER.md Theorem 1's second optimum: each set travels as positions or as a bitmap over
+    """The second optimal design of docs/algorithm.md §2: each set travels as positions or as a bitmap over
     [0, M), whichever is smaller."""
 
     name = "hierarchical"

@@ -1,6 +1,6 @@
 """Process-wide state: Horovod initialisation, transports, partition-hash seeds, byte counters.
 
-Seeds: h0 must be the same function on every rank (PAPER.md section 4, technique 3). At the
+Seeds: h0 must be the same function on every rank (docs/algorithm.md §4). At the
 first sync of a process set, rank 0 draws a seed and broadcasts it. ZEN_HVD_SEED (or
 set_seed) fixes it instead; every rank then uses its own value and the header check catches
 ranks that disagree.

@@ -1,4 +1,4 @@
-"""Imbalance ratios (PAPER.md Definition 8) and the balanced-parallelism byte formula.
+"""Imbalance ratios (docs/algorithm.md §3) and the balanced-parallelism byte formula.
 
 Push imbalance = max_{i,j} n |I_i^j| / |I_i|  (worker i's units for server j)
 Pull imbalance = max_j n |I'_j| / |I|         (server j's aggregated units; I = union)
@@ -24,7 +24,7 @@ def pull_imbalance(pull_counts: np.ndarray) -> float:
 
 def balanced_bytes_formula(M: int, n: int, d_G: float, gamma: float, D: int,
                            value_bytes: int, index_bytes: int, pull_index: str = "zen") -> dict:
-    """Bytes one worker receives with balanced parallelism (PAPER.md equation (1), in bytes):
+    """Bytes one worker receives with balanced parallelism (docs/algorithm.md equation (1), in bytes):
     Push (n-1)/n d_G M (index + D value bytes); Pull (n-1)/n gamma d_G M D value bytes plus
     the Pull indices: "bitmap" (n-1)/n M/8 bytes, "coo" (n-1)/n gamma d_G M index bytes, or
     "zen" the smaller of the two (what BalancedParallelism sends)."""

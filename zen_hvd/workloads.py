@@ -1,4 +1,4 @@
-"""Synthetic sparse gradients with controlled density, overlap and skew (PAPER.md section 1).
+"""Synthetic sparse gradients with controlled density, overlap and skew (docs/algorithm.md §1).
 
 Every rank can build every rank's gradient from the same seed, so tests and benchmarks know
 the exact inputs of all ranks (and hence the reference sum) without communicating.

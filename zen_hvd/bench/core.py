@@ -4,7 +4,7 @@
 
 Starts itself under mpirun with --ranks ranks when launched plainly. Prints, for an
 element-sparse tensor of M units at the given density:
-  - Push and Pull imbalance ratios (PAPER.md Def. 8; goal <= 1.1);
+  - Push and Pull imbalance ratios (docs/algorithm.md §3; goal <= 1.1);
   - data bytes received per rank, measured by the transport counters, against the paper's
     formula (1) with the hash bitmap, and what COO indices would have cost in Pull;
   - CPU partition throughput (million units/s) against a torch sort-based partition;

@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ours, rest = ap.parse_known_args()
+    if {"-h", "--help"} & set(rest):   # help without launching mpirun: ours, then the example's
+        print(__doc__)
+        load_example().parse_args(["--help"])
     ensure_launched(ours.ranks, "zen_hvd.bench.train")
 
     import zen_hvd
