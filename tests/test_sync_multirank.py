@@ -39,3 +39,14 @@ def test_gpu_partitioner_in_real_syncs_under_cuda_simulator():
 def test_memory_follows_nnz_on_a_3e9_row_table():
     proc = mpirun(3, "memory_cases.py")
     assert "all cases passed" in proc.stdout
+
+
+def test_soak_a_few_hundred_random_cases():
+    # The soak command itself (python -m zen_hvd.soak runs 10,000): random schemes, shapes,
+    # densities, dtypes and layouts on 1 and 3 ranks, each against a float64 reference.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "zen_hvd.soak", "--cases", "240", "--ranks", "1,3",
+                           "--transports", "mpi4py,horovod"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "0 pairs had differences" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -66,6 +66,8 @@ class DenseAllReduce:
     name = "allreduce"
 
     def plan(self, units, values, layout, transport, seed):
+        # float16 / bfloat16 sum as float32, as in the other schemes (MPI has no half sum)
+        values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
         return _local(units, values, layout, transport)
 
     def run(self, plan, table, transport):
