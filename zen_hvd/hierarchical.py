@@ -105,14 +105,20 @@ class RecursiveDoubling:
             return DENSE
         return BITMAP if bitmap_nbytes(M) < pad8(s.size * isz) else POSITIONS
 
+    def form(self, s: UnitSet, M: int) -> UnitSet:
+        """s as it travels: made dense when its format is dense."""
+        idt = index_dtype(M)
+        fmt = self.choose_format(s, M, idt.itemsize, s.values.shape[1] * s.values.dtype.itemsize)
+        return UnitSet(None, dense_of(s, M)) if fmt == DENSE and s.units is not None else s
+
     # -- one set on the wire ------------------------------------------------------------
-    def encode(self, s: UnitSet, M: int) -> np.ndarray:
-        """The message of one set, written once into one buffer."""
+    def encode(self, s: UnitSet, M: int):
+        """The message of one set, written once into one buffer, and the set as it was sent
+        (made dense when the format is dense)."""
         idt = index_dtype(M)
         D, dtype = s.values.shape[1], s.values.dtype
+        s = self.form(s, M)
         fmt = self.choose_format(s, M, idt.itemsize, D * dtype.itemsize)
-        if fmt == DENSE and s.units is not None:
-            s = UnitSet(None, dense_of(s, M))
         K, vbytes = s.size, s.size * D * dtype.itemsize
         nb = pad8(K * idt.itemsize) if fmt == POSITIONS else bitmap_nbytes(M) if fmt == BITMAP else 0
         buf = np.empty(8 + nb + pad8(vbytes), np.uint8)
@@ -127,7 +133,7 @@ class RecursiveDoubling:
             data_path.set_bits(words, s.units)
         buf[8 + nb + vbytes:] = 0
         buf[8 + nb:8 + nb + vbytes].view(dtype).reshape(K, D)[:] = s.values
-        return buf
+        return buf, s
 
     @staticmethod
     def decode(buf: np.ndarray, M: int, D: int, dtype, name: str) -> UnitSet:
@@ -151,11 +157,14 @@ class RecursiveDoubling:
         return UnitSet(units, values)
 
     def exchange(self, s: UnitSet, peer, transport, M, name, send=True, recv=True):
-        """Send s to peer (if send) and receive peer's set (if recv): one message each way;
-        None if nothing came. peer None: this rank sits the stage out."""
-        payload = self.encode(s, M) if send and peer is not None else None
+        """Send s to peer (if send) and receive peer's set (if recv): one message each way.
+        Returns (peer's set or None, s as sent). Both partners merge the two sets in the
+        forms they travelled in (dense once the format turns dense): a dense sum drops units
+        whose values cancel to zero, a sparse union keeps them, and every rank must agree."""
+        payload, sent = self.encode(s, M) if send and peer is not None else (None, s)
         got = transport.swap(payload, peer, receive=recv)
-        return self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
+        other = self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
+        return other, sent
 
     # -- the hierarchy ------------------------------------------------------------------
     def run(self, plan: Plan, table, transport):
@@ -170,7 +179,7 @@ class RecursiveDoubling:
             if me >= p:
                 ex(me - p, recv=False)
             elif me < extra:
-                cur = merge(cur, ex(me + p, send=False), M)
+                cur = merge(cur, ex(me + p, send=False)[0], M)
             else:
                 ex(None)
             stage_sizes[0] = cur.size
@@ -178,17 +187,20 @@ class RecursiveDoubling:
         step = 1
         while step < p:
             partner = me ^ step if me < p else None
-            other = ex(partner)
+            other, cur = ex(partner)
             if partner is not None:
                 cur = merge(cur, other, M) if me < partner else merge(other, cur, M)
             stage_sizes.append(cur.size)
             step <<= 1
+        # Every rank holds the result in the form it travels in, so that ranks p..n-1, which
+        # receive it, end with the same units as ranks 0..p-1.
+        cur = self.form(cur, M) if me < p else cur
         # unfold: the result goes back to ranks p..n-1
         if extra:
             if me < extra:
                 ex(me + p, recv=False)
             elif me >= p:
-                cur = ex(me - p, send=False)
+                cur = ex(me - p, send=False)[0]
             else:
                 ex(None)
         if cur.units is None:
