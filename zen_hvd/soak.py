@@ -121,7 +121,7 @@ def main():
 
     pairs = [(int(r), t) for r in args.ranks.split(",") for t in args.transports.split(",")
              if not (t == "torch" and int(r) < 2)]
-    share = max(1, args.cases // len(pairs))
+    share = max(1, -(-args.cases // len(pairs)))   # at least --cases in all
     failed, lines = 0, []
     for r, t in pairs:
         cmd = mpirun_command(r) + [sys.executable, "-m", "zen_hvd.soak", "--child", "--cases",
