@@ -46,19 +46,10 @@ def merge_sorted(ua, va, ub, vb):
 
 @numba.njit(cache=True, nogil=True)
 def add_rows(out, units, values):
-    """out[units[i]] += values[i]: a sparse set added into a dense table."""
+    """out[units[i]] += values[i]: a sparse set added into a dense table (into a zeroed one,
+    the set made dense)."""
     D = values.shape[1]
     for i in range(units.size):
         u = units[i]
         for d in range(D):
             out[u, d] += values[i, d]
-
-
-@numba.njit(cache=True, nogil=True)
-def set_rows(out, units, values):
-    """out[units[i]] = values[i]: a sparse set written into a zeroed dense table."""
-    D = values.shape[1]
-    for i in range(units.size):
-        u = units[i]
-        for d in range(D):
-            out[u, d] = values[i, d]

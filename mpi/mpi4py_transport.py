@@ -39,7 +39,7 @@ class Mpi4pyTransport(Transport):
             # Non-blocking, under the stall policy: a rank that never builds this transport
             # (it chose another) must not leave the others blocked here.
             self.comm, request = world.Idup()
-            stall.wait(request.Test, self.policy, "the mpi4py transport's communicator",
+            stall.wait(request.Test, self.policy, lambda: "the mpi4py transport's communicator",
                        lambda: "every rank to create it (do all ranks use the mpi4py transport?)")
         else:
             # Ranks outside the set get COMM_NULL and never build this transport.
@@ -80,7 +80,7 @@ class Mpi4pyTransport(Transport):
                     pending.remove(src)
             return not pending
 
-        stall.wait(arrived, self.policy, self._what(tag),
+        stall.wait(arrived, self.policy, lambda: self._what(tag),
                    lambda: f"the messages of {stall.ranks_phrase(pending)}")
         return msgs, counts
 
@@ -89,13 +89,13 @@ class Mpi4pyTransport(Transport):
         if not reqs:
             return
         requests = [q for _, q in reqs]
-        stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, self._what(),
+        stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, self._what,
                    lambda: "receives by " + stall.ranks_phrase(
                        [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]))
 
     def _collective(self, request):
         """Wait for a non-blocking collective under the stall policy."""
-        stall.wait(request.Test, self.policy, self._what(), lambda: "every rank to join a collective")
+        stall.wait(request.Test, self.policy, self._what, lambda: "every rank to join a collective")
 
     def _what(self, tag=None) -> str:
         step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")

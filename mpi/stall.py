@@ -50,10 +50,11 @@ class Policy:
                    poll)
 
 
-def wait(done, policy: Policy, what: str, missing) -> None:
+def wait(done, policy: Policy, what, missing) -> None:
     """Poll done() until it returns True. After policy.check seconds log a warning, after
-    policy.shutdown raise StallError; both name `what` (the tensor and the step) and
-    missing() (the ranks not arrived, or a phrase when a collective cannot tell)."""
+    policy.shutdown raise StallError; both name what() (the tensor and the step) and
+    missing() (the ranks not arrived, or a phrase when a collective cannot tell); both are
+    called only then, so a wait that ends in time formats nothing."""
     if done():
         return
     start, warned = time.monotonic(), False
@@ -65,10 +66,10 @@ def wait(done, policy: Policy, what: str, missing) -> None:
         if policy.check > 0 and not warned and elapsed >= policy.check:
             warned = True
             log.warning("zen_hvd: %s: waited %.0f s for %s (a rank is slow, has died, or runs "
-                        "other syncs)", what, elapsed, missing())
+                        "other syncs)", what(), elapsed, missing())
         if policy.shutdown > 0 and elapsed >= policy.shutdown:
             raise StallError(
-                f"zen_hvd: {what}: gave up after {elapsed:.0f} s waiting for {missing()} "
+                f"zen_hvd: {what()}: gave up after {elapsed:.0f} s waiting for {missing()} "
                 "(ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank has died, the ranks are out of "
                 "step (one ran more steps or syncs than the others), or they use different "
                 "transports (transport= and ZEN_HVD_TRANSPORT must agree on every rank)")

@@ -25,7 +25,7 @@ import torch
 from .header import COL, COUNTS
 from .units import sorted_unique
 from .hierarchical import DENSE, POSITIONS, Plan, RecursiveDoubling, nonzero_units
-from .units import add_rows
+from .units import add_rows, widened
 from .wire import index_dtype, pack, part_nbytes, unpack
 
 
@@ -66,8 +66,7 @@ class DenseAllReduce:
     name = "allreduce"
 
     def plan(self, units, values, layout, transport, seed):
-        # float16 / bfloat16 sum as float32, as in the other schemes (MPI has no half sum)
-        values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+        values = widened(values)   # as in the other schemes (MPI has no half sum)
         return _local(units, values, layout, transport)
 
     def run(self, plan, table, transport):

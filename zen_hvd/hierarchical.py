@@ -36,9 +36,8 @@ import torch
 from .cuda_kernels import data_path, merge as kernels
 from .hash_bitmap import bitmap_nbytes
 from .header import InvalidTensorError
+from .units import widened
 from .wire import BITMAP, DENSE, POSITIONS, index_dtype, pad8
-
-_WIDENED = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass
@@ -79,7 +78,7 @@ def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
 
 def dense_of(s: UnitSet, M: int) -> np.ndarray:
     out = np.zeros((M, s.values.shape[1]), s.values.dtype)
-    kernels.set_rows(out, s.units, s.values)
+    kernels.add_rows(out, s.units, s.values)
     return out
 
 
@@ -97,7 +96,7 @@ class RecursiveDoubling:
     name = "hierarchical"
 
     def plan(self, units, values, layout, transport, seed) -> Plan:
-        values = values.float() if values.dtype in _WIDENED else values
+        values = widened(values)
         return Plan(np.zeros(transport.size, np.int64), units, values, layout.num_units)
 
     def choose_format(self, s: UnitSet, M: int, isz: int, vsz: int) -> int:

@@ -20,14 +20,12 @@ from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
 from .header import COL, check_table, make_header
-from .units import OK, layout_of, source, sparse_result, take_units, to_units
+from .units import OK, layout_of, source, sparse_result, take_units, to_units, widened
 
 # Concrete schemes (their order is the header code); "auto" resolves to one of them per call.
 SCHEMES = {"balanced": BalancedParallelism(), "hierarchical": HierarchicalCentralization(), **BASELINES}
 SCHEME_NAMES = dict(enumerate(SCHEMES))
 _CODES = {s: i for i, s in enumerate(SCHEMES)}
-# Dtypes numba does not compute with travel and add as float32 (cast back at the end).
-_WIDENED = (torch.float16, torch.bfloat16)
 _noname = itertools.count()
 last_sync: dict = {}  # what the most recent sync saw: counts, bytes, imbalance (stats.py)
 
@@ -104,8 +102,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         if out is not None:
             units, values = None, out
     elif chosen == "balanced":
-        if layout.dtype in _WIDENED:
-            cpu = cpu.float()
+        cpu = widened(cpu)
         src = source(cpu, layout)
         header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
                              np.zeros(tr.size, np.int64))

@@ -17,6 +17,9 @@ import math
 import numpy as np
 import torch
 
+# Dtypes numba does not compute with: they travel and add as float32, cast back at the end.
+WIDENED = (torch.float16, torch.bfloat16)
+
 # Local input problems, sent in the header so that every rank raises the same error.
 OK, INDEX_OUT_OF_RANGE, BAD_LAYOUT = 0, 1, 2
 
@@ -84,6 +87,11 @@ def source(tensor: torch.Tensor, layout: Layout) -> Source:
     nz = nz.any(dim=1) if D > 1 else nz[:, 0]
     units = torch.nonzero(nz).reshape(-1).numpy()
     return Source(units, flat.contiguous().numpy(), True, True)
+
+
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor as float32 when its dtype is one of WIDENED, else tensor itself."""
+    return tensor.float() if tensor.dtype in WIDENED else tensor
 
 
 def sparse_result(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch.Tensor:
