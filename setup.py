@@ -27,6 +27,6 @@ setup(
     extras_require={
         "cuda": ["numba-cuda"],
         "test": ["pytest", "hypothesis", "mmh3"],
-        "bench": ["matplotlib"],
+        "bench": ["matplotlib", "tqdm"],
     },
 )

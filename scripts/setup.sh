@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything zen_hvd needs on a fresh Debian machine, idempotently:
 #   Open MPI (system packages), a virtual environment with torch 2.13.0 (CPU), numba,
-#   numba-cuda, mpi4py, pytest, hypothesis, mmh3, the CUDA compiler libraries (for PTX
-#   tests), and Horovod 0.28.1 built with PyTorch, MPI and Gloo.
+#   numba-cuda, mpi4py, pytest, hypothesis, mmh3, matplotlib, tqdm, the CUDA compiler
+#   libraries (for PTX tests), and Horovod 0.28.1 built with PyTorch, MPI and Gloo.
 # The Horovod wheel is built once and cached; a second run reuses it.
 #
 # Environment:
@@ -36,10 +36,10 @@ if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
     log "installing torch $torch_pin (CPU)"
     pip_install "torch==$torch_pin"
 fi
-if ! "$py" -c "import numba, numba_cuda, mpi4py, pytest, hypothesis, mmh3, psutil, matplotlib
+if ! "$py" -c "import numba, numba_cuda, mpi4py, pytest, hypothesis, mmh3, psutil, matplotlib, tqdm
 from importlib.metadata import version; version('nvidia-cuda-nvrtc'); version('nvidia-nvvm')" 2>/dev/null; then
-    log "installing numba, numba-cuda, mpi4py, pytest, hypothesis, mmh3, matplotlib, CUDA compiler libraries"
-    pip_install wheel setuptools numba numba-cuda mpi4py pytest hypothesis mmh3 psutil matplotlib \
+    log "installing numba, numba-cuda, mpi4py, pytest, hypothesis, mmh3, matplotlib, tqdm, CUDA compiler libraries"
+    pip_install wheel setuptools numba numba-cuda mpi4py pytest hypothesis mmh3 psutil matplotlib tqdm \
         "cuda-toolkit[nvrtc,nvvm,cudart]==13.*" "torch==$torch_pin"
 fi
 
