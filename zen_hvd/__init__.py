@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # Horovod's PyTorch API, so that `import zen_hvd as hvd` runs a Horovod script unchanged;
 # init, DistributedOptimizer and broadcast_optimizer_state are zen_hvd's own.
 from horovod.torch import (  # noqa: F401,E402
-    Adasum, Compression, HorovodInternalError, Max, Min, ProcessSet, Product, SyncBatchNorm,
+    Adasum, HorovodInternalError, Max, Min, ProcessSet, Product, SyncBatchNorm,
     add_process_set, allgather, allgather_async, allgather_object, allreduce, allreduce_,
     allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
     broadcast_async, broadcast_async_, broadcast_object, broadcast_parameters, ccl_built,
@@ -28,6 +28,7 @@ from horovod.torch import (  # noqa: F401,E402
     remove_process_set, rocm_built, shutdown, size, sparse_allreduce_async, start_timeline,
     stop_timeline, synchronize)
 
+from .dgc import DGC, Compression  # noqa: F401,E402  (Horovod's choices plus dgc)
 from .functions import broadcast_optimizer_state  # noqa: F401,E402
 from .optimizer import DistributedOptimizer  # noqa: F401,E402
 from .auto import scheme_choices  # noqa: F401,E402

@@ -19,6 +19,9 @@ Which gradients go where:
     emb.weight)) has gradient in other rows too. It is refused for weights held by several
     modules, but a functional use cannot be seen, hence scan is the default. The synchronized
     rows are written back into the dense .grad.
+  - With compression=zen_hvd.Compression.dgc(...): the other gradients of two or more
+    dimensions, fused into buckets, each bucket's top few percent (dgc.py) through Zen by
+    elements. A bucket is ready when all its parameters' hooks have fired.
   - Every other gradient: Horovod's allreduce. sparse_as_dense=True sends everything there.
 
 Ordering. A Zen sync is a collective that every rank must issue in the same order. One worker
@@ -53,7 +56,7 @@ from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set, rocm
 from horovod.torch.optimizer import DistributedOptimizer as _horovod_distributed_optimizer
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from . import runtime
+from . import dgc, runtime
 from .header import TensorMismatchError
 from .mpi import select
 from .sync import SCHEMES, allreduce_units, sparse_allreduce
@@ -80,6 +83,13 @@ class _ZenParam:
         if torch.is_grad_enabled():
             self.looked_up.append(inputs[0].detach().reshape(-1))
 
+    @property
+    def params(self):
+        return (self.param,)
+
+    def write_back(self, out):
+        _write_back(self, out)
+
     def rows(self, grad):
         """Rows to send: the looked-up rows when recorded, else those holding a non-zero."""
         if self.looked_up:
@@ -89,10 +99,12 @@ class _ZenParam:
 
 
 class _Round:
-    """One step's Zen syncs: a ready event per parameter, the results, the first error."""
+    """One step's Zen syncs: a ready event per item (Zen parameter or DGC bucket), the
+    parameters arrived so far per bucket, the results, the first error."""
 
     def __init__(self, order):
         self.ready = {zp: threading.Event() for zp in order}
+        self.arrived = {item: 0 for item in order if isinstance(item, dgc.Bucket)}
         self.touched = set()
         self.results, self.error = {}, None
         self.started, self.done = False, threading.Event()
@@ -105,18 +117,20 @@ def _stop_thread(rounds, thread):
 
 class _ZenWorker:
     """The Zen syncs of every step, in a fixed order, on one background thread that lives as
-    long as the optimizer (each step's round is handed to it through a queue)."""
+    long as the optimizer (each step's round is handed to it through a queue). An item is a
+    Zen parameter (_ZenParam, by rows) or a DGC bucket (dgc.Bucket, by elements)."""
 
     def __init__(self, zen_params, op, predivide, scheme, transport, process_set, early, profile):
         import horovod.torch as hvd
 
         self.order = zen_params
+        self._lock = threading.Lock()
         self.scheme, self.transport, self.process_set = scheme, transport, process_set
         self.early = early  # start syncing from the backward hooks (False: at synchronize())
         self.profile = {zp.name: dict(syncs=0, seconds=0.0, bytes_sent=0, bytes_received=0,
                                       rows=0, density=0.0, union_density=0.0)
                         for zp in zen_params} if profile else None
-        size = process_set.size() if process_set is not None else hvd.size()
+        size = self.size = process_set.size() if process_set is not None else hvd.size()
         # Horovod's pre/postscale split of the average, decided once: as factors of the sync.
         self.op, self.prescale, self.postscale = (Sum, 1.0 / predivide, predivide / size) \
             if predivide != 1.0 else (op, 1.0, 1.0)
@@ -140,6 +154,15 @@ class _ZenWorker:
         self.round.ready[zp].set()
         if self.early:
             self._start()
+
+    def arrive(self, item):
+        """One of the item's parameters has its gradient; the item is ready with the last."""
+        if isinstance(item, dgc.Bucket):
+            with self._lock:
+                self.round.arrived[item] += 1
+                if self.round.arrived[item] < len(item.params):
+                    return
+        self.mark_ready(item)
 
     def _start(self):
         if self.round.started:
@@ -174,14 +197,21 @@ class _ZenWorker:
             rnd.done.set()
 
     def _sync(self, zp):
-        """Sync one parameter's gradient. A dense CPU gradient scanned for rows is synchronized
-        in place (returns None); otherwise returns the synchronized sparse gradient."""
-        p, grad = zp.param, zp.param.grad
+        """Sync one item. A Zen parameter's dense CPU gradient scanned for rows is synchronized
+        in place (returns None); otherwise returns the synchronized sparse gradient. A DGC
+        bucket returns its synchronized (units, values)."""
         kw = dict(name=zp.name, op=self.op, scheme=self.scheme, transport=self.transport,
                   process_set=self.process_set, prescale_factor=self.prescale,
                   postscale_factor=self.postscale)
         t0 = time.perf_counter()
         before = runtime.comm_stats() if self.profile is not None else None
+        if isinstance(zp, dgc.Bucket):
+            _, units, values, _ = allreduce_units(zp.compress(self.size), **kw)
+            out = (units, values)
+            if self.profile is not None:
+                self._record(zp, out, before, time.perf_counter() - t0)
+            return out
+        p, grad = zp.param, zp.param.grad
         if grad is not None and not grad.is_sparse and zp.looked_up is None \
                 and grad.device.type == "cpu" and grad.is_contiguous():
             flat = grad.view(grad.shape[0], -1)
@@ -207,7 +237,7 @@ class _ZenWorker:
 
     def _record(self, zp, out, before, seconds):
         after = runtime.comm_stats()
-        rows = zp.param.shape[0] or 1
+        rows = zp.numel if isinstance(zp, dgc.Bucket) else zp.param.shape[0] or 1
         prof = self.profile[zp.name]
         prof["syncs"] += 1
         prof["seconds"] += seconds
@@ -215,7 +245,7 @@ class _ZenWorker:
             prof[k] += after[k] - before[k]
         from .sync import last_sync
 
-        prof["rows"] = int(last_sync["nnz"][self._rank()])
+        prof["rows"] = int(last_sync["nnz"][self._rank()])   # elements, for a DGC bucket
         prof["density"] = prof["rows"] / rows
         prof["union_density"] = last_sync["union_size"] / rows
 
@@ -237,7 +267,7 @@ class _ZenWorker:
         rnd = self.round
         rnd.done.wait()
         for zp in self.order:
-            if zp.looked_up is not None:
+            if getattr(zp, "looked_up", None) is not None:
                 zp.looked_up.clear()
         self.round = _Round(self.order)
         if rnd.error is not None:
@@ -259,27 +289,33 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
                  gradient_predivide_factor, groups, sparse_as_dense, process_set, zen):
         self._zen = None
         self._zen_local_step = False
-        _DistributedOptimizer.__init__(self, params, named_parameters, compression,
+        dgc_settings = compression if isinstance(compression, dgc.DGC) else None
+        _DistributedOptimizer.__init__(self, params, named_parameters,
+                                       Compression.none if dgc_settings else compression,
                                        backward_passes_per_step, op, gradient_predivide_factor,
                                        groups, sparse_as_dense, process_set)
         zen_params = _select_zen_params(self, sparse_as_dense, **zen["select"])
+        buckets = _dgc_buckets(self, zen_params, dgc_settings)
         self.zen_parameter_names = [zp.name for zp in zen_params]
+        self.dgc_buckets = buckets
         self.zen_profile = {}
         if not self._requires_update:  # no hooks: one rank, or not in the process set
             return
         zen_params = [zp for zp in zen_params if zp.param in self._requires_update]
-        ids = {zp.param for zp in zen_params}
+        buckets = [b for b in buckets if all(p in self._requires_update for p in b.params)]
+        items = _sync_order(self, zen_params + buckets)
+        ids = {p for item in items for p in item.params}
         self._requires_update -= ids
-        if self._groups is not None:  # Zen parameters leave Horovod's groups
+        if self._groups is not None:  # Zen and DGC parameters leave Horovod's groups
             self._regroup(ids)
         ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
         transport = select.resolve_transport_name(zen["transport"], ps)
-        _check_same_zen_params(zen_params, transport, ps)
-        self._zen = _ZenWorker(zen_params, op, gradient_predivide_factor, zen["scheme"], transport,
+        _check_same_zen_params(items, transport, ps)
+        self._zen = _ZenWorker(items, op, gradient_predivide_factor, zen["scheme"], transport,
                                ps, early=True, profile=zen["profile"])
         if self._zen.profile is not None:
             self.zen_profile = self._zen.profile
-        self._zen_by_param = {zp.param: zp for zp in zen_params}
+        self._zen_by_param = {p: item for item in items for p in item.params}
 
     def _regroup(self, zen_ids):
         regrouped = {}
@@ -298,13 +334,13 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             if zp is None:
                 return horovod_hook(*args)
             zen = self._zen
-            if zen.ready[zp].is_set() and self._allreduce_delay[p] <= 0:
+            if self._allreduce_delay[p] <= 0 and (zen.ready[zp].is_set() or isinstance(zp, dgc.Bucket)):
                 raise AssertionError(_TOO_MANY_PASSES)
             assert not p.grad.requires_grad
             zen.touched.add(zp)
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
-                zen.mark_ready(zp)
+                zen.arrive(zp)
         return hook
 
     def synchronize(self):
@@ -320,9 +356,10 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             except BaseException:
                 self._synchronized = False  # as when a Horovod allreduce fails
                 raise
-        for zp, out in results.items():
-            self._allreduce_delay[zp.param] = self.backward_passes_per_step
-            _write_back(zp, out)
+        for item, out in results.items():
+            for p in item.params:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            item.write_back(out)
 
     def step(self, closure=None):
         if self._zen_local_step:  # state initialisation: no communication
@@ -394,6 +431,39 @@ def _select_zen_params(opt, sparse_as_dense, sparse_params, model, embedding_row
     return chosen
 
 
+def _dgc_buckets(opt, zen_params, settings):
+    """DGC's buckets over the parameters it compresses (in reverse registration order, the
+    order backward produces them): every parameter that is not a Zen parameter and that
+    settings.compresses (two or more dimensions, by default). Refuses a wrapped optimizer
+    that would apply momentum on top of DGC's momentum correction."""
+    if settings is None:
+        return []
+    zen = {zp.param for zp in zen_params}
+    names = opt._parameter_names
+    chosen, groups_with_momentum = [], []
+    for group in opt.param_groups:
+        mine = [p for p in group["params"] if p.requires_grad and p not in zen and settings.compresses(p)]
+        chosen += mine
+        if mine and group.get("momentum", 0) and settings.momentum:
+            groups_with_momentum.append(group["momentum"])
+    if groups_with_momentum:
+        raise ValueError(
+            f"zen_hvd.DistributedOptimizer: DGC's momentum correction (momentum={settings.momentum}) "
+            f"already applies momentum to the parameters it compresses, and the wrapped optimizer "
+            f"applies momentum={groups_with_momentum[0]} on top; build the optimizer with "
+            "momentum=0, or pass zen_hvd.Compression.dgc(momentum=0) to keep the optimizer's "
+            "momentum (error feedback only)")
+    return dgc.buckets([(names.get(p), p) for p in reversed(chosen)], settings)
+
+
+def _sync_order(opt, items):
+    """Zen parameters and DGC buckets in the order their gradients complete in backward: by
+    the position, in reverse registration order, of each item's last parameter."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    position = {p: i for i, p in enumerate(reversed(params))}
+    return sorted(items, key=lambda item: max(position[p] for p in item.params))
+
+
 def _holders(params, model):
     """param -> the modules holding it directly: among model's modules, or (model=None) among
     every live nn.Module, found once through the garbage collector's object list."""
@@ -409,7 +479,8 @@ def _holders(params, model):
 
 
 def _check_same_zen_params(zen_params, transport, process_set):
-    """Every rank must sync the same Zen parameters in the same order: compare a digest."""
+    """Every rank must sync the same Zen parameters and DGC buckets in the same order: compare
+    a digest."""
     h = hashlib.blake2b("\n".join(zp.name for zp in zen_params).encode(), digest_size=7)
     table = runtime.get_transport(transport, process_set).allgather_int64(
         [int.from_bytes(h.digest(), "little")])
@@ -427,7 +498,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          scheme="auto", transport=None, profile=False, embedding_rows="scan"):
     """horovod.torch.DistributedOptimizer with Zen for sparse gradients.
 
-    Horovod's arguments keep their meaning (see its docstring). Zen options:
+    Horovod's arguments keep their meaning (see its docstring); compression also takes
+    zen_hvd.Compression.dgc(ratio=...): Deep Gradient Compression of the dense gradients with
+    two or more dimensions, whose top `ratio` per fused bucket travels through Zen (dgc.py).
+    Zen options:
       sparse_params: names (from named_parameters) or tensors of parameters whose gradients are
           sparse by nature and sync through Zen by rows. Default: the weights of every
           nn.Embedding / nn.EmbeddingBag. Weights of sparse=True embeddings always use Zen.
@@ -436,14 +510,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
           holding a non-zero, always exact) or "track" (the rows looked up in forward; exact
           only when the embedding module is the weight's only use, see the module docstring).
       scheme: the sparse_allreduce scheme: "auto" (its default) or one of zen_hvd.SCHEMES.
-      transport: "mpi4py" or "horovod" (default: as sparse_allreduce chooses).
-      profile: record per Zen parameter the syncs, seconds, bytes sent/received and densities
+      transport: "mpi4py", "torch" or "horovod" (default: as sparse_allreduce chooses).
+      profile: record per Zen parameter (and DGC bucket) the syncs, seconds, bytes sent/received and densities
           (this rank's rows / all rows, union rows / all rows) in `optimizer.zen_profile`.
     """
     if scheme != "auto" and scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
     if embedding_rows not in ("scan", "track"):
         raise ValueError(f"embedding_rows must be 'scan' or 'track', not {embedding_rows!r}")
+    if compression is dgc.DGC:   # Compression.dgc without its call: the defaults
+        compression = dgc.DGC()
+    if isinstance(compression, dgc.DGC) and (sparse_as_dense or op == Adasum):
+        raise ValueError(f"zen_hvd.DistributedOptimizer: compression={compression!r} sends the top "
+                         f"{compression.ratio:.2%} of each gradient through Zen; it cannot be combined "
+                         f"with {'sparse_as_dense=True' if sparse_as_dense else 'op=Adasum'}")
     if op == Adasum:  # Horovod's Adasum optimizer, unchanged: Zen reduces by Sum or Average
         return _horovod_distributed_optimizer(
             optimizer, named_parameters, compression, backward_passes_per_step, op,
