@@ -73,6 +73,17 @@ def test_memory_conserves_the_gradient(momentum):
     assert 0 < idx.numel() <= math.ceil(0.07 * p.numel())
 
 
+def test_each_parameter_of_a_bucket_keeps_its_own_top_ratio():
+    """A bucket fuses the sync, not the selection: a layer with small gradients still sends its
+    top ratio next to one with large gradients."""
+    small, large = torch.nn.Parameter(torch.zeros(30, 30)), torch.nn.Parameter(torch.zeros(50, 20))
+    small.grad, large.grad = torch.randn(30, 30) * 1e-4, torch.randn(50, 20) * 10
+    bucket = dgc.Bucket("b", [small, large], dgc.DGC(ratio=0.05, momentum=0.0))
+    sent = bucket.compress(size=1).indices()[0]
+    assert (sent < 900).sum() == math.ceil(0.05 * 900) and (sent >= 900).sum() == math.ceil(0.05 * 1000)
+    assert bool((sent[1:] > sent[:-1]).all())
+
+
 def test_warmup_densities_then_the_target():
     d = dgc.DGC(ratio=0.01, warmup_steps=10)
     assert [d.density(s) for s in (0, 9, 10, 20, 30, 40, 1000)] == [0.25, 0.25, 0.0625, 0.015625, 0.01, 0.01, 0.01]

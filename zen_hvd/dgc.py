@@ -4,9 +4,9 @@
                                        compression=zen_hvd.Compression.dgc(ratio=0.05))
 
 Three pieces, as GRACE separates them:
-  sparsifier    top_k(): which coordinates travel. The threshold comes from a strided sample
-                of about 1% of the magnitudes and is corrected a few rounds until the count is
-                within 0.8x to 1.3x of k; a count above k is then trimmed to exactly k.
+  sparsifier    top_k(): which coordinates of each parameter travel. The threshold comes from a
+                strided sample of about 1% of the magnitudes and is corrected a few rounds until
+                the count is within 0.8x to 1.3x of k; a count above k is then trimmed to k.
   memory        Memory: what was not sent stays behind and is added to the next step's
                 gradient (error feedback). With momentum m > 0 it is DGC's momentum correction:
                     u <- m u + g          (velocity)
@@ -16,7 +16,8 @@ Three pieces, as GRACE separates them:
                 per unit (scheme auto: balanced parallelism or hierarchical centralization).
 
 Gradients are fused into buckets (Bucket, 128 MiB by default) so that small tensors share one
-sync; within a bucket every parameter's gradient is one slice of a flat vector. Parameters
+sync; within a bucket every parameter's gradient is one slice of a flat vector, and each slice
+keeps its own top `ratio` (as DGC selects per layer). Parameters
 whose gradients are sparse by nature (embeddings) do not go through DGC but by rows, and
 one-dimensional parameters (biases, norms) stay dense unless compress_1d=True.
 
@@ -151,6 +152,10 @@ class Bucket:
         self.name, self.params, self.dgc = name, list(params), dgc
         first = self.params[0]
         self.numel = sum(p.numel() for p in self.params)
+        starts = [0]
+        for p in self.params:
+            starts.append(starts[-1] + p.numel())
+        self.slices = [(start, p.numel()) for start, p in zip(starts, self.params)]
         # Half-precision gradients accumulate in float32: the residual is a long sum.
         dtype = first.dtype if first.dtype in (torch.float32, torch.float64) else torch.float32
         self.memory = Memory(self.numel, dtype, first.device, dgc.momentum)
@@ -174,8 +179,13 @@ class Bucket:
             if norm > limit:
                 g = g * (limit / norm)
         v = self.memory.compensate(g)
-        k = max(1, math.ceil(self.dgc.density(self.steps) * self.numel))
-        chosen = top_k(v.abs(), k, self.dgc.sample_ratio, start=self.steps)
+        magnitude = v.abs()
+        density = self.dgc.density(self.steps)
+        # Each parameter's own top k (one threshold over the whole bucket would starve the
+        # layers whose gradients are small); the slices are in order, so the union is ascending.
+        chosen = torch.cat([offset + top_k(magnitude[offset:offset + n], max(1, math.ceil(density * n)),
+                                           self.dgc.sample_ratio, start=self.steps)
+                            for offset, n in self.slices])
         values = v.index_select(0, chosen)
         self.memory.update(chosen)
         self.steps += 1
@@ -190,10 +200,8 @@ class Bucket:
         flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
         if len(units):
             flat[torch.as_tensor(units, device=flat.device)] = values.reshape(-1).to(flat)
-        offset = 0
-        for p in self.params:
-            part = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for p, (offset, n) in zip(self.params, self.slices):
+            part = flat[offset:offset + n].view_as(p)
             if p.grad is None or p.grad.is_sparse:
                 p.grad = part   # a view: the parameters' gradients share the flat vector
             else:
