@@ -24,6 +24,16 @@ def mpirun_command(ranks: int) -> list:
     return cmd
 
 
+def launch_command(ranks: int, emulate: "str | None", command: list) -> list:
+    """`command` on `ranks` ranks: local ranks under mpirun_command, or with `emulate` (a link
+    rate such as 1gbit) one rank per network namespace joined by tc-limited links
+    (scripts/netns_cluster.sh run, which needs root)."""
+    if not emulate:
+        return mpirun_command(ranks) + list(command)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
+    return ["bash", os.path.abspath(script), "run", str(ranks), emulate, "--", *command]
+
+
 def ensure_launched(ranks: int, module: str) -> None:
     """If started without a launcher, re-run this module under mpirun (mpirun_command)."""
     if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:

@@ -106,13 +106,9 @@ def launch(args, n):
             "--repeats", str(args.repeats), "--out", os.path.abspath(args.out), "--seed", str(args.seed)]
     if args.transport:
         here += ["--transport", args.transport]
-    if args.emulate:
-        script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "netns_cluster.sh")
-        cmd = ["bash", os.path.abspath(script), "run", str(n), args.emulate, "--", *here]
-    else:
-        from zen_hvd.bench.common import mpirun_command
+    from zen_hvd.bench.common import launch_command
 
-        cmd = mpirun_command(n) + here
+    cmd = launch_command(n, args.emulate, here)
     print("+", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 

@@ -23,7 +23,6 @@ Started plainly it runs itself under mpirun (--ranks local ranks), or with --emu
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
 import subprocess
@@ -203,13 +202,9 @@ def report(args, n, methods, table, agree, choice):
 
 def launch(args):
     here = [sys.executable, "-m", "zen_hvd.bench.vs_horovod", "--child", *sys.argv[1:]]
-    if args.emulate:
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
-        cmd = ["bash", os.path.abspath(script), "run", str(args.ranks), args.emulate, "--", *here]
-    else:
-        from zen_hvd.bench.common import mpirun_command
+    from zen_hvd.bench.common import launch_command
 
-        cmd = mpirun_command(args.ranks) + here
+    cmd = launch_command(args.ranks, args.emulate, here)
     print("+", shlex.join(cmd), flush=True)
     sys.exit(subprocess.run(cmd).returncode)
 

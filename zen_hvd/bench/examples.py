@@ -1,0 +1,164 @@
+"""Every example trained under every synchronization: samples/s and bytes per step (the paper's
+kind of table, its Figures 11 and 13).
+
+    python -m zen_hvd.bench.examples [--ranks 4] [--emulate 1gbit] [--steps 10] [--warmup 3]
+                                     [--examples lstm_lm,deepfm,nmt,gpt] [--out bench_out]
+
+Each example (examples/*.py at its --small size) runs once per synchronization, each run its own
+launch (mpirun with --ranks local ranks, or with --emulate one rank per network namespace
+joined by tc-limited links: scripts/netns_cluster.sh, needs root):
+  - lstm_lm, deepfm, nmt (embedding gradients, sparse by nature): Zen (scheme auto), Horovod's
+    dense allreduce (AllReduce: sparse_as_dense=True), Horovod's sparse allgather, and Zen's
+    baselines by name (AGsparse, SparCML, OmniReduce, SparsePS);
+  - gpt (dense gradients sparsified by DGC at 5%): DGC through Zen (auto) and through each
+    baseline, against Horovod without DGC (dense allreduce, and its sparse path for the
+    embedding).
+Samples/s is rank 0's over the timed steps (after --warmup untimed ones); bytes per step per
+rank are Zen's counted by its transports plus Horovod's computed from tensor sizes (see
+examples/common.py). Prints the table (samples/s also as a multiple of AllReduce's) and
+writes <out>/examples.csv and <out>/examples.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from .common import launch_command
+
+EXAMPLES_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+BASELINES = (("AGsparse", "agsparse"), ("SparCML", "sparcml"), ("OmniReduce", "omnireduce"),
+             ("SparsePS", "sparse_ps"))
+# (label, the example's arguments) per example kind; AllReduce is every ratio's reference.
+NATURAL = [("Zen", ["--sync", "zen"]), ("AllReduce", ["--sync", "horovod-dense"]),
+           ("Horovod sparse", ["--sync", "horovod"])] + \
+          [(label, ["--sync", "zen", "--scheme", s]) for label, s in BASELINES]
+DGC = [("Zen + DGC 5%", ["--sync", "zen", "--dgc", "0.05"]), ("AllReduce", ["--sync", "horovod-dense"]),
+       ("Horovod sparse", ["--sync", "horovod"])] + \
+      [(f"{label} + DGC 5%", ["--sync", "zen", "--dgc", "0.05", "--scheme", s]) for label, s in BASELINES]
+RUNS = {"lstm_lm": NATURAL, "deepfm": NATURAL, "nmt": NATURAL, "gpt": DGC}
+FIELDS = ("example", "sync", "samples_per_s", "vs_allreduce", "bytes_per_step", "zen_bytes_per_step",
+          "horovod_bytes_per_step", "loss", "seconds")
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--emulate", default=None, help="link rate such as 1gbit: namespaces + tc")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    ap.add_argument("--examples", default=",".join(RUNS))
+    ap.add_argument("--out", default="bench_out")
+    args = ap.parse_args(argv)
+    unknown = set(args.examples.split(",")) - set(RUNS)
+    if unknown:
+        ap.error(f"unknown examples {sorted(unknown)}: choose from {list(RUNS)}")
+    return args
+
+
+def run_one(args, example, extra, csv_path):
+    """One launch of an example; returns its last CSV row (a dict) and the seconds it took."""
+    command = [sys.executable, os.path.join(EXAMPLES_DIR, f"{example}.py"), "--small", "--no-progress",
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--csv", csv_path, *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(launch_command(args.ranks, args.emulate, command), capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    with open(csv_path) as f:
+        return list(csv.DictReader(f))[-1], seconds
+
+
+def measure(args):
+    plan = [(ex, label, extra) for ex in args.examples.split(",") for label, extra in RUNS[ex]]
+    rows, spent = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (example, label, extra) in enumerate(plan):
+            left = f", about {statistics.fmean(spent) * (len(plan) - i):.0f} s left" if spent else ""
+            print(f"[{i + 1}/{len(plan)}] {example}: {label}{left}", flush=True)
+            row, seconds = run_one(args, example, extra, os.path.join(tmp, f"{i}.csv"))
+            spent.append(seconds)
+            zen, horovod = float(row["zen_bytes_per_step"]), float(row["horovod_bytes_per_step"])
+            rows.append(dict(example=example, sync=label, samples_per_s=float(row["samples_per_s"]),
+                             bytes_per_step=zen + horovod, zen_bytes_per_step=zen,
+                             horovod_bytes_per_step=horovod, loss=float(row["loss"]), seconds=seconds))
+    for r in rows:
+        ref = next(q for q in rows if q["example"] == r["example"] and q["sync"] == "AllReduce")
+        r["vs_allreduce"] = r["samples_per_s"] / ref["samples_per_s"]
+    return rows
+
+
+def setting(args):
+    where = (f"{args.ranks} emulated hosts, {args.emulate} links" if args.emulate
+             else f"{args.ranks} ranks on one machine (shared memory)")
+    return f"{where}, {os.cpu_count()} cores, --small models, {args.steps} timed steps after {args.warmup}"
+
+
+def report(args, rows):
+    print(f"\nzen_hvd.bench.examples: {setting(args)}")
+    print(f"  reproduce: python -m zen_hvd.bench.examples {shlex.join(sys.argv[1:])}".rstrip())
+    print(f"  {'example':<9}{'synchronization':<24}{'samples/s':>11}{'x AllReduce':>13}"
+          f"{'bytes/step/rank':>17}{'loss':>9}")
+    for r in rows:
+        print(f"  {r['example']:<9}{r['sync']:<24}{r['samples_per_s']:>11.1f}{r['vs_allreduce']:>13.2f}"
+              f"{r['bytes_per_step']:>17,.0f}{r['loss']:>9.4f}")
+    print("  (bytes: received per step per rank, Zen's counted + Horovod's computed; loss: the mean "
+          "of the timed steps' losses, over ranks)")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "examples.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows({k: r[k] for k in FIELDS} for r in rows)
+    print(f"wrote {path}")
+    print(f"wrote {plot(args, rows)}")
+
+
+def plot(args, rows):
+    """Per example: samples/s (top) and bytes per step (bottom, log axis), one bar per
+    synchronization, Zen's bars first and marked."""
+    from matplotlib.figure import Figure
+
+    examples = list(dict.fromkeys(r["example"] for r in rows))
+    fig = Figure(figsize=(4.2 * len(examples), 7.5), layout="constrained")
+    axes = fig.subplots(2, len(examples), squeeze=False)
+    for col, example in enumerate(examples):
+        mine = [r for r in rows if r["example"] == example]
+        labels = [r["sync"] for r in mine]
+        colors = ["tab:green" if r["sync"].startswith("Zen") else
+                  "tab:gray" if r["sync"] in ("AllReduce", "Horovod sparse") else "tab:blue" for r in mine]
+        for row, (key, ylabel) in enumerate((("samples_per_s", "samples/s (higher is better)"),
+                                             ("bytes_per_step", "bytes/step/rank received (log)"))):
+            ax = axes[row][col]
+            ax.bar(range(len(mine)), [r[key] for r in mine], color=colors)
+            ax.set_xticks(range(len(mine)), labels, rotation=45, ha="right", fontsize=8)
+            ax.set_ylabel(ylabel)
+            if row == 1:
+                ax.set_yscale("log")
+            else:
+                ax.set_title(example)
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color="tab:green", label="Zen"), Patch(color="tab:gray", label="Horovod"),
+                        Patch(color="tab:blue", label="Zen's baselines (scheme=...)")],
+               loc="outside lower center", ncols=3)
+    fig.suptitle(f"Training throughput and bytes per step\n{setting(args)}", fontsize=10)
+    path = os.path.join(args.out, "examples.png")
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def main(argv=None):
+    args = parse(argv)
+    report(args, measure(args))
+
+
+if __name__ == "__main__":
+    main()
