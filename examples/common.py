@@ -180,6 +180,9 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
 
     zen_hvd.init()
     rank, ranks = hvd.rank(), hvd.size()
+    # Ranks on one machine share its cores: torch's default thread pool per rank would
+    # oversubscribe them and time the spinning rather than the training.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     count = samples or (lambda batch: len(batch[0]))
     opt = make_optimizer(model, args, optimizer or torch.optim.SGD(model.parameters(), lr=args.lr))
     zen_names = synced_by_zen(model, opt)
@@ -205,11 +208,13 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
         received = computed_horovod_bytes(model, args.sync, zen_names, sparse, name)
         opt.zero_grad()
         losses.append(loss.item())
+        densities.append([b.last_sent._nnz() / b.numel for b in getattr(opt, "dgc_buckets", ())
+                          if b.last_sent is not None])
         bar.update()
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         return seconds, count(batch) * ranks, received
 
-    losses, timed = [], []
+    losses, timed, densities = [], [], []   # densities: per step, each DGC bucket's sent fraction
     for _ in range(args.warmup):
         step()
     zen_hvd.reset_comm_stats()
@@ -221,7 +226,8 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
         mean_loss = statistics.fmean(losses[-args.steps:]) if args.steps else float("nan")
         log.epoch(epoch, samples_seen / max(seconds, 1e-12),
                   hvd.allreduce(torch.tensor(mean_loss), name=f"{name}.epoch_loss").item(),
-                  (zen_bytes_so_far() - zen_before) / max(1, args.steps), received / max(1, args.steps))
+                  (zen_bytes_so_far() - zen_before) / max(1, args.steps), received / max(1, args.steps),
+                  [d for step_d in densities[-args.steps:] for d in step_d] if args.steps else [])
     bar.close()
     final = (hvd.allreduce(torch.tensor(losses[-1]), name=f"{name}.loss").item() if losses else float("nan"))
     if args.plot and rank == 0:
@@ -231,7 +237,7 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
     return dict(samples_per_s=sum(s for _, s, _ in timed) / max(sum(seconds), 1e-12),
                 step_seconds=statistics.median(seconds) if seconds else 0.0, final_loss=final,
                 zen_bytes=zen_bytes_so_far() / steps, horovod_bytes=sum(b for _, _, b in timed) / steps,
-                losses=losses, model=model)
+                losses=losses, model=model, dgc_densities=densities)
 
 
 class EpochLog:
@@ -245,10 +251,14 @@ class EpochLog:
             tqdm.write(text, file=sys.stdout)
             sys.stdout.flush()
 
-    def epoch(self, epoch, samples_per_s, loss, zen_bytes, horovod_bytes):
+    def epoch(self, epoch, samples_per_s, loss, zen_bytes, horovod_bytes, dgc_densities=()):
+        """dgc_densities: the fraction each DGC bucket sent, at each of the epoch's steps."""
+        dgc = (f"; DGC sent {statistics.fmean(dgc_densities):.2%} of the compressed coordinates "
+               f"(target {self.args.dgc:.2%}; lowest of one bucket at one step {min(dgc_densities):.2%})"
+               if dgc_densities else "")
         self.line(f"epoch {epoch}/{self.args.epochs}: {samples_per_s:.1f} samples/s, loss {loss:.4f}, "
                   f"bytes/step/rank received: Zen {zen_bytes:,.0f} (counted) + Horovod "
-                  f"{horovod_bytes:,.0f} (computed)")
+                  f"{horovod_bytes:,.0f} (computed){dgc}")
         if self.active and self.args.csv:
             new = not os.path.exists(self.args.csv) or os.path.getsize(self.args.csv) == 0
             with open(self.args.csv, "a", newline="") as f:

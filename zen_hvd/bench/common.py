@@ -34,6 +34,22 @@ def launch_command(ranks: int, emulate: "str | None", command: list) -> list:
     return ["bash", os.path.abspath(script), "run", str(ranks), emulate, "--", *command]
 
 
+class Progress:
+    """A line per stage of a long benchmark, with the time left estimated from the stages so
+    far: `[3/28] deepfm: AGsparse, about 140 s left`. Silent when not `active` (other ranks)."""
+
+    def __init__(self, total: int, active: bool = True):
+        self.total, self.active, self.done = total, active, 0
+        self.t0 = time.perf_counter()
+
+    def stage(self, text: str) -> None:
+        elapsed = time.perf_counter() - self.t0
+        left = f", about {elapsed / self.done * (self.total - self.done):.0f} s left" if self.done else ""
+        self.done += 1
+        if self.active:
+            print(f"[{self.done}/{self.total}] {text}{left}", flush=True)
+
+
 def ensure_launched(ranks: int, module: str) -> None:
     """If started without a launcher, re-run this module under mpirun (mpirun_command)."""
     if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:

@@ -24,13 +24,12 @@ import argparse
 import csv
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from .common import launch_command
+from .common import Progress, launch_command
 
 EXAMPLES_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 BASELINES = (("AGsparse", "agsparse"), ("SparCML", "sparcml"), ("OmniReduce", "omnireduce"),
@@ -78,13 +77,11 @@ def run_one(args, example, extra, csv_path):
 
 def measure(args):
     plan = [(ex, label, extra) for ex in args.examples.split(",") for label, extra in RUNS[ex]]
-    rows, spent = [], []
+    rows, progress = [], Progress(len(plan))
     with tempfile.TemporaryDirectory() as tmp:
         for i, (example, label, extra) in enumerate(plan):
-            left = f", about {statistics.fmean(spent) * (len(plan) - i):.0f} s left" if spent else ""
-            print(f"[{i + 1}/{len(plan)}] {example}: {label}{left}", flush=True)
+            progress.stage(f"{example}: {label}")
             row, seconds = run_one(args, example, extra, os.path.join(tmp, f"{i}.csv"))
-            spent.append(seconds)
             zen, horovod = float(row["zen_bytes_per_step"]), float(row["horovod_bytes_per_step"])
             rows.append(dict(example=example, sync=label, samples_per_s=float(row["samples_per_s"]),
                              bytes_per_step=zen + horovod, zen_bytes_per_step=zen,
@@ -140,8 +137,9 @@ def plot(args, rows):
             ax.bar(range(len(mine)), [r[key] for r in mine], color=colors)
             ax.set_xticks(range(len(mine)), labels, rotation=45, ha="right", fontsize=8)
             ax.set_ylabel(ylabel)
-            if row == 1:
+            if row == 1:   # log: AllReduce's bytes would flatten the others; floor below the least
                 ax.set_yscale("log")
+                ax.set_ylim(bottom=min(r[key] for r in mine) / 3)
             else:
                 ax.set_title(example)
     from matplotlib.patches import Patch

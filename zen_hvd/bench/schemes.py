@@ -48,7 +48,7 @@ def child(args):
 
     import zen_hvd
     from zen_hvd import auto, characteristics, workloads
-    from zen_hvd.bench.common import gather, share_cores, time_calls
+    from zen_hvd.bench.common import Progress, gather, share_cores, time_calls
 
     zen_hvd.init()
     import horovod.torch as hvd
@@ -57,7 +57,9 @@ def child(args):
     n, me = hvd.size(), hvd.rank()
     zen_hvd.set_seed(12345)
     rows, chars = [], {}
-    for kind in args.workloads.split(","):
+    kinds = args.workloads.split(",")
+    progress = Progress(len(kinds) * len(SCHEME_ORDER), active=me == 0)
+    for kind in kinds:
         sets, w = characteristics.workload_sets(kind, n, args.seed)
         M, D = w["M"], w["D"]
         vals = torch.from_numpy(workloads.rank_values(sets[me], D, me, args.seed))
@@ -70,6 +72,7 @@ def child(args):
         grad = grad.coalesce()
         measured = {}
         for scheme in SCHEME_ORDER:
+            progress.stage(f"{n} ranks, {kind}: {scheme}")
             sync = lambda: zen_hvd.sparse_allreduce(grad, name=f"{kind}.{scheme}", op=zen_hvd.Sum,  # noqa: E731
                                                     scheme=scheme, transport=args.transport)
             t, recv, st = time_calls(sync, args.repeats)
@@ -247,7 +250,9 @@ def main():
         return child(args)
     os.makedirs(args.out, exist_ok=True)
     parts = []
-    for n in map(int, args.ranks.split(",")):
+    sizes = list(map(int, args.ranks.split(",")))
+    for i, n in enumerate(sizes):
+        print(f"== launch {i + 1}/{len(sizes)}: {n} ranks", flush=True)
         launch(args, n)
         with open(os.path.join(args.out, f"part_{n}.json")) as f:
             parts.append(json.load(f))
