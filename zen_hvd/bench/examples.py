@@ -65,9 +65,15 @@ def run_one(args, example, extra, csv_path):
     """One launch of an example; returns its last CSV row (a dict) and the seconds it took."""
     command = [sys.executable, os.path.join(EXAMPLES_DIR, f"{example}.py"), "--small", "--no-progress",
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--csv", csv_path, *extra]
-    t0 = time.perf_counter()
-    proc = subprocess.run(launch_command(args.ranks, args.emulate, command), capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        proc = subprocess.run(launch_command(args.ranks, args.emulate, command), capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        # Open MPI's daemons now and then fail to start inside the network namespaces (a crash
+        # in orted before any rank runs): launch again rather than lose the table.
+        if proc.returncode == 0 or "ORTE was unable to reliably start" not in proc.stdout + proc.stderr:
+            break
+        print(f"  (mpirun could not start its daemons; launching again, attempt {attempt + 2} of 3)", flush=True)
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
