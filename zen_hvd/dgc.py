@@ -164,10 +164,10 @@ class Bucket:
 
     def flat_gradient(self) -> torch.Tensor:
         """The parameters' gradients as one flat vector (zeros for a parameter without one)."""
-        parts = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+        parts = [p.new_zeros(p.numel()) if p.grad is None
+                 else (p.grad.to_dense() if p.grad.is_sparse else p.grad).reshape(-1)
                  for p in self.params]
-        return torch.cat([q.to_dense() if q.is_sparse else q for q in parts]) \
-            if len(parts) > 1 else parts[0].to_dense() if parts[0].is_sparse else parts[0]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def compress(self, size: int) -> torch.Tensor:
         """One step's local work: accumulate, select, clear. Returns the selected coordinates
