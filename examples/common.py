@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 import zen_hvd
+from zen_hvd.bench.common import share_cores
 
 SYNCS = ("zen", "horovod", "horovod-dense")
 CSV_COLUMNS = ("example", "sync", "scheme", "ranks", "epoch", "samples_per_s", "loss",
@@ -180,9 +181,7 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
 
     zen_hvd.init()
     rank, ranks = hvd.rank(), hvd.size()
-    # Ranks on one machine share its cores: torch's default thread pool per rank would
-    # oversubscribe them and time the spinning rather than the training.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    share_cores()   # torch threads per rank: the machine's cores over its local ranks
     count = samples or (lambda batch: len(batch[0]))
     opt = make_optimizer(model, args, optimizer or torch.optim.SGD(model.parameters(), lr=args.lr))
     zen_names = synced_by_zen(model, opt)

@@ -208,32 +208,32 @@ class _ZenWorker:
         if isinstance(zp, dgc.Bucket):
             _, units, values, _ = allreduce_units(zp.compress(self.size), **kw)
             out = (units, values)
-            if self.profile is not None:
-                self._record(zp, out, before, time.perf_counter() - t0)
-            return out
-        p, grad = zp.param, zp.param.grad
-        if grad is not None and not grad.is_sparse and zp.looked_up is None \
-                and grad.device.type == "cpu" and grad.is_contiguous():
-            flat = grad.view(grad.shape[0], -1)
-            allreduce_units(grad, unit="row", out=flat, **kw)
-            out = None
         else:
-            if grad is None:
-                sent = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
-                                               p.detach().new_zeros((0,) + tuple(p.shape[1:])),
-                                               tuple(p.shape))
-            elif grad.is_sparse and grad.sparse_dim() == 1:
-                sent = grad
-            else:
-                grad = grad.to_dense() if grad.is_sparse else grad
-                rows = zp.rows(grad)
-                sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
-                                               tuple(p.shape), is_coalesced=True,
-                                               check_invariants=False)
-            out = sparse_allreduce(sent, **kw)
+            out = self._sync_rows(zp, kw)
         if self.profile is not None:
             self._record(zp, out, before, time.perf_counter() - t0)
         return out
+
+    @staticmethod
+    def _sync_rows(zp, kw):
+        """A Zen parameter's sync by rows (see _sync)."""
+        p, grad = zp.param, zp.param.grad
+        if grad is not None and not grad.is_sparse and zp.looked_up is None \
+                and grad.device.type == "cpu" and grad.is_contiguous():
+            allreduce_units(grad, unit="row", out=grad.view(grad.shape[0], -1), **kw)
+            return None
+        if grad is None:
+            sent = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
+                                           p.detach().new_zeros((0,) + tuple(p.shape[1:])),
+                                           tuple(p.shape))
+        elif grad.is_sparse and grad.sparse_dim() == 1:
+            sent = grad
+        else:
+            grad = grad.to_dense() if grad.is_sparse else grad
+            rows = zp.rows(grad)
+            sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
+                                           tuple(p.shape), is_coalesced=True, check_invariants=False)
+        return sparse_allreduce(sent, **kw)
 
     def _record(self, zp, out, before, seconds):
         after = runtime.comm_stats()
