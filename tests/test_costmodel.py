@@ -46,3 +46,22 @@ def test_characteristics_of_controlled_sets():
     ch = characteristics.characterize(sets, M)
     assert 1 <= ch["gamma_n"] <= 4 and ch["skew_union"] > 1 and ch["push_imbalance"] < 1.5
     assert ch["stage_gammas"][0] == 1.0
+
+
+def test_characteristics_command_explains_and_writes_every_column(tmp_path, capsys, monkeypatch):
+    import csv
+    import sys
+
+    out = tmp_path / "ch.csv"
+    monkeypatch.setattr(sys, "argv", ["characteristics", "--workload", "dgc", "--ranks", "2", "--out", str(out)])
+    characteristics.main()
+    text = capsys.readouterr().out
+    assert text.splitlines()[1].strip().startswith("reproduce: python -m zen_hvd.characteristics")
+    legend = text[text.index("columns:"):]
+    assert all(f"  {c} " in legend for c in characteristics.COLUMNS)
+    (row,) = list(csv.DictReader(open(out)))
+    assert list(row) == ["workload", *characteristics.COLUMNS]
+    sets, w = characteristics.workload_sets("dgc", 2, 0)
+    ref = characteristics.characterize(sets, w["M"], w["D"])
+    assert row["workload"] == "dgc" and int(row["n"]) == 2
+    assert math.isclose(float(row["gamma_n"]), ref["gamma_n"]) and math.isclose(float(row["overlap"]), ref["overlap"])

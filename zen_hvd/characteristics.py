@@ -10,7 +10,8 @@ From synthetic workloads (workloads.py) or real gradients: GradientRecorder hook
 parameters, records the unit sets of a few steps' sparse gradients on every rank, and
 gathers them (allgather, outside any timing) so that rank 0 can characterize them.
 
-    python -m zen_hvd.characteristics [--workload embedding|dgc] [--ranks 8]  (one process)
+    python -m zen_hvd.characteristics [--workload embedding|dgc] [--ranks 8] [--out F.csv]
+                                        (one process)
 """
 from __future__ import annotations
 
@@ -152,13 +153,29 @@ def workload_sets(kind: str, n: int, seed: int = 0, **override):
     return workloads.rank_units(w["M"], n, w["density"], w["overlap"], w["skew"], seed), w
 
 
+# The table's columns and what each says, printed under the table.
+COLUMNS = {
+    "n": "number of workers (ranks)",
+    "d_G": "mean density of one worker's gradient: mean |I_i| / M",
+    "overlap": "overlap ratio (Def. 3): |I_i & I_j| / min(|I_i|, |I_j|), mean over pairs; 1 = same units",
+    "gamma_n": "densification (Def. 4): |I_1 u .. u I_n| / mean |I_i|; from 1 (same units) to n (disjoint)",
+    "stage_gammas": "gamma_m at m = n/p, 2n/p, .., n/2 (the hierarchical scheme's stages, p a power of 2)",
+    "skew_worker": "skew ratio (Def. 5) of one worker's units over n contiguous parts, mean over workers; "
+                   "1 = even",
+    "skew_union": "skew ratio of the union of all units over n contiguous parts",
+    "push_imbalance": "Push imbalance (Def. 8) of Zen's hash partition: max_ij n |I_i^j| / |I_i|; goal <= 1.1",
+    "pull_imbalance": "Pull imbalance (Def. 8): max_j n |I'_j| / |I|; goal <= 1.1",
+}
+
+
 def format_table(rows: list) -> str:
-    cols = ["n", "d_G", "overlap", "gamma_n", "stage_gammas", "skew_worker", "skew_union",
-            "push_imbalance", "pull_imbalance"]
+    cols = list(COLUMNS)
     fmt = lambda v: ("[" + ", ".join(f"{x:.3g}" for x in v) + "]") if isinstance(v, list) else f"{v:.4g}"  # noqa: E731
     lines = ["  ".join(f"{c:>14}" for c in ["workload"] + cols)]
     for name, ch in rows:
         lines.append("  ".join(f"{x:>14}" for x in [name] + [fmt(ch[c]) for c in cols]))
+    lines.append("columns:")
+    lines += [f"  {c:<15}{text}" for c, text in COLUMNS.items()]
     return "\n".join(lines)
 
 
@@ -167,14 +184,21 @@ def main():
     ap.add_argument("--workload", default="embedding,dgc", help="comma list of " + ", ".join(WORKLOADS))
     ap.add_argument("--ranks", default="2,4,8", help="comma list of worker counts")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="CSV file of the table (one row per workload and n)")
     args = ap.parse_args()
+    print(f"zen_hvd.characteristics: synthetic workloads ({', '.join(f'{k}: {v}' for k, v in WORKLOADS.items())})")
+    print(f"  reproduce: python -m zen_hvd.characteristics --workload {args.workload} --ranks {args.ranks} "
+          f"--seed {args.seed}")
     rows = []
     for kind in args.workload.split(","):
         for n in map(int, args.ranks.split(",")):
             sets, w = workload_sets(kind, n, args.seed)
             rows.append((kind, characterize(sets, w["M"], w["D"])))
     print(format_table(rows))
-    print(f"# python -m zen_hvd.characteristics --workload {args.workload} --ranks {args.ranks} --seed {args.seed}")
+    if args.out:
+        from .bench.common import write_csv
+
+        write_csv(args.out, [dict(workload=name, **{c: ch[c] for c in COLUMNS}) for name, ch in rows])
 
 
 if __name__ == "__main__":

@@ -50,9 +50,14 @@ class Progress:
             print(f"[{self.done}/{self.total}] {text}{left}", flush=True)
 
 
+def under_launcher() -> bool:
+    """True in a rank of an mpirun or horovodrun job: a benchmark then runs in it, not launching."""
+    return runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ
+
+
 def ensure_launched(ranks: int, module: str) -> None:
     """If started without a launcher, re-run this module under mpirun (mpirun_command)."""
-    if runtime.launched_by_mpi() or "HOROVOD_RANK" in os.environ or ranks <= 0:
+    if under_launcher() or ranks <= 0:
         return
     cmd = mpirun_command(ranks) + [sys.executable, "-m", module, *sys.argv[1:]]
     print("+", shlex.join(cmd), flush=True)
@@ -98,6 +103,26 @@ def gather(values) -> "list[list[float]]":
 
     row = torch.tensor([list(map(float, values))], dtype=torch.float64)
     return hvd.allgather(row).numpy().tolist() if hvd.size() > 1 else row.numpy().tolist()
+
+
+def reproduce(module: str) -> str:
+    """The line that reruns this benchmark as it was started, first in every summary."""
+    args = [a for a in sys.argv[1:] if a != "--child"]
+    return f"reproduce: python -m {module} {shlex.join(args)}".rstrip()
+
+
+def write_csv(path: "str | None", rows: "list[dict]") -> None:
+    """`rows` (dicts with the same keys, in column order) as a CSV file; nothing without a path."""
+    import csv
+
+    if not path or not rows:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"  wrote {path}")
 
 
 def human_bytes(x: float) -> str:

@@ -1,6 +1,6 @@
 """Core benchmark of balanced parallelism (issue: foundation).
 
-    python -m zen_hvd.bench.core [--ranks 4] [--units 16777216] [--density 0.01]
+    python -m zen_hvd.bench.core [--ranks 4] [--units 16777216] [--density 0.01] [--out F.csv]
 
 Starts itself under mpirun with --ranks ranks when launched plainly. Prints, for an
 element-sparse tensor of M units at the given density:
@@ -9,6 +9,7 @@ element-sparse tensor of M units at the given density:
     formula (1) with the hash bitmap, and what COO indices would have cost in Pull;
   - CPU partition throughput (million units/s) against a torch sort-based partition;
   - the memory Zen keeps per tensor, and the working buffers of one sync.
+--out writes the figures as CSV (figure, value, unit; one row each).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from .common import ensure_launched, gather, human_bytes, share_cores, time_calls
+from .common import ensure_launched, gather, human_bytes, reproduce, share_cores, time_calls, write_csv
 
 
 def main():
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--denser", type=lambda x: [float(v) for v in x.split(",") if v], default=[0.05, 0.2],
                     help="extra densities at which to show the hash bitmap's saving")
+    ap.add_argument("--out", default=None, help="CSV file of the figures printed")
     args = ap.parse_args()
     ensure_launched(args.ranks, "zen_hvd.bench.core")
 
@@ -104,6 +106,7 @@ def main():
     recv = np.array([r[0] for r in rows])
     print(f"zen_hvd.bench.core: M = {M:,} elements, density {args.density:.2%}, {n} ranks, "
           f"overlap {args.overlap}, skew {args.skew}, transport {zen_hvd.runtime.get_transport(args.transport).name}")
+    print("  " + reproduce("zen_hvd.bench.core"))
     print(f"  measured d_G = {d_G:.4%}, gamma_{n} = {gamma:.3f} (|I| = {info['pull_counts'].sum():,} aggregated units)")
     print(f"  Push imbalance ratio   {push_imb:.4f}   (goal <= 1.1)")
     print(f"  Pull imbalance ratio   {pull_imb:.4f}   (goal <= 1.1)")
@@ -132,6 +135,16 @@ def main():
           f"would hold M int64 = {human_bytes(M * 8)})")
     print(f"  working buffers of one sync (freed after): bitmap {human_bytes(bitmap_nbytes(nbits))} "
           f"+ popcount prefix {human_bytes(bitmap_nbytes(nbits) * 8)} per server, plus the Push/Pull buffers")
+    figures = [("ranks", n, ""), ("units", M, "elements"), ("density", args.density, ""),
+               ("d_G", d_G, ""), (f"gamma_{n}", gamma, ""), ("push_imbalance", push_imb, "ratio"),
+               ("pull_imbalance", pull_imb, "ratio"), ("time_per_sync", max(r[1] for r in rows), "s"),
+               ("recv_bytes_mean", recv.mean(), "B/rank"), ("recv_bytes_max", recv.max(), "B/rank"),
+               ("formula_bytes", f["total"], "B/rank"), ("coo_pull_bytes", coo["total"], "B/rank"),
+               ("partition_zen", units.size / t_zen, "units/s"),
+               ("partition_torch_sort", units.size / t_sort, "units/s")]
+    figures += [(f"recv_bytes_mean_at_{d}", float(np.mean([r[0] for r in rows_d])), "B/rank")
+                for d, _, rows_d, _, _ in denser]
+    write_csv(args.out, [dict(figure=k, value=v, unit=u) for k, v, u in figures])
 
 
 if __name__ == "__main__":

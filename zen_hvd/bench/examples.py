@@ -16,7 +16,8 @@ joined by tc-limited links: scripts/netns_cluster.sh, needs root):
 Samples/s is rank 0's over the timed steps (after --warmup untimed ones); bytes per step per
 rank are Zen's counted by its transports plus Horovod's computed from tensor sizes (see
 examples/common.py). Prints the table (samples/s also as a multiple of AllReduce's) and
-writes <out>/examples.csv and <out>/examples.png.
+writes <out>/examples.csv and <out>/examples.png. Started under mpirun or horovodrun, it runs
+every example in its own processes on that job's ranks instead (--ranks and --emulate unused).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from .common import Progress, launch_command
+from .common import Progress, launch_command, reproduce, under_launcher
 
 EXAMPLES_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 BASELINES = (("AGsparse", "agsparse"), ("SparCML", "sparcml"), ("OmniReduce", "omnireduce"),
@@ -81,17 +82,53 @@ def run_one(args, example, extra, csv_path):
         return list(csv.DictReader(f))[-1], seconds
 
 
-def measure(args):
+def run_in_job(args, example, extra, csv_path):
+    """Under a launcher already: the example on this job's ranks, in this process. Returns its
+    last CSV row on rank 0 (None elsewhere) and the seconds it took."""
+    import importlib
+
+    import horovod.torch as hvd
+
+    if EXAMPLES_DIR not in sys.path:
+        sys.path.insert(0, EXAMPLES_DIR)
+    module = importlib.import_module(example)
+    t0 = time.perf_counter()
+    module.train(module.parse_args(["--small", "--no-progress", "--steps", str(args.steps), "--warmup",
+                                    str(args.warmup), "--csv", csv_path, *extra]))
+    seconds = time.perf_counter() - t0
+    if hvd.rank() != 0:
+        return None, seconds
+    with open(csv_path) as f:
+        return list(csv.DictReader(f))[-1], seconds
+
+
+def measure(args, in_job=False):
     plan = [(ex, label, extra) for ex in args.examples.split(",") for label, extra in RUNS[ex]]
-    rows, progress = [], Progress(len(plan))
+    if in_job:
+        import zen_hvd
+
+        zen_hvd.init()
+        import horovod.torch as hvd
+
+        args.ranks, args.emulate, rank0 = hvd.size(), None, hvd.rank() == 0
+    rows, progress = [], Progress(len(plan), active=not in_job or rank0)
     with tempfile.TemporaryDirectory() as tmp:
         for i, (example, label, extra) in enumerate(plan):
             progress.stage(f"{example}: {label}")
-            row, seconds = run_one(args, example, extra, os.path.join(tmp, f"{i}.csv"))
+            if in_job:   # one path on every rank: the example's rank 0 writes it
+                path = os.path.join(os.path.abspath(args.out), "runs", f"{i}.csv")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                row, seconds = run_in_job(args, example, extra, path)
+                if row is None:
+                    continue
+            else:
+                row, seconds = run_one(args, example, extra, os.path.join(tmp, f"{i}.csv"))
             zen, horovod = float(row["zen_bytes_per_step"]), float(row["horovod_bytes_per_step"])
             rows.append(dict(example=example, sync=label, samples_per_s=float(row["samples_per_s"]),
                              bytes_per_step=zen + horovod, zen_bytes_per_step=zen,
                              horovod_bytes_per_step=horovod, loss=float(row["loss"]), seconds=seconds))
+    if in_job and not rank0:
+        return None
     for r in rows:
         ref = next(q for q in rows if q["example"] == r["example"] and q["sync"] == "AllReduce")
         r["vs_allreduce"] = r["samples_per_s"] / ref["samples_per_s"]
@@ -100,13 +137,14 @@ def measure(args):
 
 def setting(args):
     where = (f"{args.ranks} emulated hosts, {args.emulate} links" if args.emulate
-             else f"{args.ranks} ranks on one machine (shared memory)")
+             else f"{args.ranks} ranks on one machine (shared memory)" if not under_launcher()
+             else f"{args.ranks} ranks of the job it was started in")
     return f"{where}, {os.cpu_count()} cores, --small models, {args.steps} timed steps after {args.warmup}"
 
 
 def report(args, rows):
     print(f"\nzen_hvd.bench.examples: {setting(args)}")
-    print(f"  reproduce: python -m zen_hvd.bench.examples {shlex.join(sys.argv[1:])}".rstrip())
+    print("  " + reproduce("zen_hvd.bench.examples"))
     print(f"  {'example':<9}{'synchronization':<24}{'samples/s':>11}{'x AllReduce':>13}"
           f"{'bytes/step/rank':>17}{'loss':>9}")
     for r in rows:
@@ -161,7 +199,9 @@ def plot(args, rows):
 
 def main(argv=None):
     args = parse(argv)
-    report(args, measure(args))
+    rows = measure(args, in_job=under_launcher())
+    if rows is not None:
+        report(args, rows)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ mean, transport counters), both also divided by AllReduce's; which scheme "auto"
 its profiling calls) and whether it was the fastest. Writes <out>/schemes.csv and
 <out>/schemes.png (normalized time vs N, one line per scheme), and the cost model's check
 against the measured points plus its projection to 16..128 workers (<out>/costmodel.png).
+Started under mpirun or horovodrun, it measures that job's N only, on its ranks.
 """
 from __future__ import annotations
 
@@ -117,16 +118,16 @@ def launch(args, n):
 
 
 def report(args, parts):
+    from zen_hvd.bench.common import reproduce
+
     rows = [r for p in parts for r in p["rows"]]
     path = os.path.join(args.out, "schemes.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         w.writerows(rows)
-    mode = f"emulated {args.emulate} links (network namespaces + tc)" if args.emulate else \
-        "one machine, shared memory / loopback (not bandwidth-bound)"
-    print(f"\nzen_hvd.bench.schemes: {mode}; time = median of {args.repeats} syncs (rank max); "
-          "bytes = data bytes received per rank per sync")
+    print(f"\nzen_hvd.bench.schemes: {setting(args)}; bytes = data bytes received per rank per sync")
+    print("  " + reproduce("zen_hvd.bench.schemes"))
     for kind in args.workloads.split(","):
         for n in sorted({r["n"] for r in rows}):
             sel = [r for r in rows if r["workload"] == kind and r["n"] == n]
@@ -141,28 +142,85 @@ def report(args, parts):
                 print(f"  {r['scheme']:<13}{r['time_s'] * 1e3:>9.2f}{r['time_norm']:>7.2f}"
                       f"{r['bytes_max']:>12,.0f}{r['bytes_mean']:>12,.0f}{r['bytes_norm']:>7.2f}")
     print(f"\nwrote {path}")
-    plot(args, rows)
+    plot(args, rows, parts)
     costmodel_check(args, parts, rows)
 
 
-def plot(args, rows):
+def setting(args) -> str:
+    where = f"emulated {args.emulate} links (network namespaces + tc)" if args.emulate else \
+        "one machine, shared memory / loopback (not bandwidth-bound)"
+    return f"{where}; {os.cpu_count()} cores; median of {args.repeats} syncs (rank max)"
+
+
+def _at(ch, n):
+    """(gamma curve, skew, blocks) of a launch's characteristics, at its own n or projected to n."""
+    from zen_hvd import costmodel
+
+    gamma = costmodel.gamma_curve(ch["n"], ch["k"], ch["gamma_n"], ch["stage_gammas"])
+    if n == ch["n"]:
+        return gamma, (ch["skew_worker"], ch["skew_union"]), ch["blocks"]
+    at = ch["at"][str(n)]
+    bl = dict(at["blocks"])   # union of blocks at n workers: the universe fit in blocks
+    bl["union"] = bl["k"] * costmodel.gamma_curve(ch["n"], bl["k"], ch["blocks"]["union"] / bl["k"])(n)
+    return gamma, tuple(at["skew"]), bl
+
+
+def predicted(ch, n, rate=None) -> dict:
+    """The cost model's critical-path bytes (rate None) or time at `rate` bit/s, per scheme."""
+    from zen_hvd import costmodel
+
+    gamma, skew, blocks = _at(ch, n)
+    if rate is None:
+        return costmodel.predict_bytes(n, ch["M"], ch["d_G"], gamma, ch["value_bytes"], skew=skew, blocks=blocks)
+    return costmodel.predict_time(n, ch["M"], ch["d_G"], gamma, ch["value_bytes"], rate, skew=skew, blocks=blocks)
+
+
+# Measured points are filled markers on solid lines; the cost model's are hollow on dashed lines.
+MEASURED = dict(marker="o", ls="-")
+MODEL = dict(marker="o", ls="--", mfc="none")
+
+
+def _style_legend(ax, with_model: bool) -> None:
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    if with_model:
+        handles += [Line2D([], [], color="k", **MEASURED), Line2D([], [], color="k", **MODEL)]
+        labels += ["measured", "cost model"]
+    ax.legend(handles, labels, fontsize=7, ncol=2)
+
+
+def plot(args, rows, parts):
+    """schemes.png: measured time / AllReduce against N per workload (log axis: AllReduce's 1.0
+    would squash the sparse schemes), with the cost model at the measured N on emulated links."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kinds = args.workloads.split(",")
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.8), squeeze=False)
+    rate = _rate_bps(args.emulate) if args.emulate else None
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4.4), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for scheme in SCHEME_ORDER:
+        chs = [p["characteristics"][kind] for p in parts if kind in p["characteristics"]]
+        for c, scheme in enumerate(SCHEME_ORDER):
             pts = sorted((r["n"], r["time_norm"]) for r in rows if r["workload"] == kind and r["scheme"] == scheme)
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=scheme)
-        ax.set_title(kind)
+                ax.plot(*zip(*pts), color=f"C{c}", label=scheme, **MEASURED)
+            if rate:
+                model = []
+                for ch in sorted(chs, key=lambda ch: ch["n"]):
+                    t = predicted(ch, ch["n"], rate)
+                    model.append((ch["n"], t[scheme] / t["allreduce"]))
+                ax.plot(*zip(*model), color=f"C{c}", **MODEL)
+        ax.set_title(f"{kind}: measured" + (" and cost model" if rate else ""))
         ax.set_xlabel("number of workers")
-        ax.set_ylabel("comm. time / AllReduce")
+        ax.set_ylabel("comm. time / AllReduce (log)")
         ax.set_xscale("log", base=2)
-    axes[0][0].legend(fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({r["n"] for r in rows}), [str(n) for n in sorted({r["n"] for r in rows})])
+        _style_legend(ax, bool(rate))
+    fig.suptitle(setting(args), fontsize=9)
     fig.tight_layout()
     path = os.path.join(args.out, "schemes.png")
     fig.savefig(path, dpi=110)
@@ -171,14 +229,13 @@ def plot(args, rows):
 
 def costmodel_check(args, parts, rows):
     """Predicted vs measured critical-path bytes (and time when emulated) at the measured N;
-    projection to 16..128 workers at 25 and 100 Gbit/s from the largest N's characteristics."""
+    projection to 16..128 workers (bytes, and time at 25 and 100 Gbit/s) from the largest N's
+    characteristics, drawn in costmodel.png with the measured bytes beside the model's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from zen_hvd import costmodel
 
     print("\ncost model check (critical-path bytes: max over ranks of max(sent, received) per sync)")
     errs, terrs = [], []
@@ -186,12 +243,8 @@ def costmodel_check(args, parts, rows):
     for p in parts:
         for kind, ch in p["characteristics"].items():
             n = ch["n"]
-            gamma = costmodel.gamma_curve(n, ch["k"], ch["gamma_n"], ch["stage_gammas"])
-            pred = costmodel.predict_bytes(n, ch["M"], ch["d_G"], gamma, ch["value_bytes"],
-                                           skew=(ch["skew_worker"], ch["skew_union"]), blocks=ch["blocks"])
-            ptime = costmodel.predict_time(n, ch["M"], ch["d_G"], gamma, ch["value_bytes"], rate,
-                                           skew=(ch["skew_worker"], ch["skew_union"]),
-                                           blocks=ch["blocks"]) if rate else None
+            pred = predicted(ch, n)
+            ptime = predicted(ch, n, rate) if rate else None
             line = []
             for r in rows:
                 if r["workload"] == kind and r["n"] == n:
@@ -207,31 +260,48 @@ def costmodel_check(args, parts, rows):
         print(f"  time ({args.emulate}): mean |error| {np.mean(terrs):.1%}, max {np.max(terrs):.1%}")
     last = max(parts, key=lambda p: max(c["n"] for c in p["characteristics"].values()))
     Ns = list(PROJECT_N)
-    fig, axes = plt.subplots(2, len(last["characteristics"]), figsize=(5 * len(last["characteristics"]), 7),
-                             squeeze=False)
+    kinds = list(last["characteristics"])
+    fig, axes = plt.subplots(3, len(kinds), figsize=(5.5 * len(kinds), 10.5), squeeze=False)
     print("\nprojection (cost model, time / AllReduce):")
-    for col, (kind, ch) in enumerate(last["characteristics"].items()):
-        gamma = costmodel.gamma_curve(ch["n"], ch["k"], ch["gamma_n"], ch["stage_gammas"])
-        for row, gbps in enumerate((25, 100)):
+    for col, kind in enumerate(kinds):
+        ch = last["characteristics"][kind]
+        # Row 0: bytes, measured at the launched N and predicted there and beyond.
+        ax = axes[0][col]
+        own = {p["characteristics"][kind]["n"]: p["characteristics"][kind] for p in parts
+               if kind in p["characteristics"]}
+        model_ns = sorted(own) + Ns
+        for c, s in enumerate(SCHEME_ORDER):
+            pts = sorted((r["n"], r["crit_bytes"] / next(q["crit_bytes"] for q in rows if q["workload"] == kind
+                                                         and q["n"] == r["n"] and q["scheme"] == "allreduce"))
+                         for r in rows if r["workload"] == kind and r["scheme"] == s)
+            ax.plot(*zip(*pts), color=f"C{c}", label=s, **MEASURED)
+            model = [predicted(own.get(n, ch), n) for n in model_ns]
+            ax.plot(model_ns, [b[s] / b["allreduce"] for b in model], color=f"C{c}", **MODEL)
+        ax.set_title(f"{kind}: critical-path bytes, measured N={','.join(map(str, sorted(own)))} and model")
+        ax.set_ylabel("bytes / AllReduce (log)")
+        _style_legend(ax, True)
+        # Rows 1 and 2: the model's time at data-centre link rates (no measured points there).
+        for row, gbps in enumerate((25, 100), start=1):
             ax = axes[row][col]
             table = {}
             for n in Ns:
-                at = ch["at"][str(n)]
-                bl = dict(at["blocks"])   # union of blocks at n workers: the universe fit in blocks
-                bl["union"] = bl["k"] * costmodel.gamma_curve(ch["n"], bl["k"], ch["blocks"]["union"] / bl["k"])(n)
-                at = dict(at, blocks=bl)
-                t = costmodel.predict_time(n, ch["M"], ch["d_G"], gamma, ch["value_bytes"], gbps * 1e9,
-                                           skew=tuple(at["skew"]), blocks=at["blocks"])
+                t = predicted(ch, n, gbps * 1e9)
                 table[n] = {s: t[s] / t["allreduce"] for s in t}
-            for s in SCHEME_ORDER:
-                ax.plot(Ns, [table[n][s] for n in Ns], marker="o", label=s)
-            ax.set_title(f"{kind}, {gbps} Gbit/s (model)")
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("number of workers")
-            ax.set_ylabel("comm. time / AllReduce")
+            for c, s in enumerate(SCHEME_ORDER):
+                ax.plot(Ns, [table[n][s] for n in Ns], color=f"C{c}", label=s, **MODEL)
+            ax.set_title(f"{kind}, {gbps} Gbit/s: cost model only (projected from N={ch['n']})")
+            ax.set_ylabel("comm. time / AllReduce (log)")
+            _style_legend(ax, False)
             print(f"  {kind} {gbps} Gbit/s: " + "; ".join(
                 f"N={n}: " + " ".join(f"{s}={table[n][s]:.2f}" for s in SCHEME_ORDER) for n in Ns))
-    axes[0][0].legend(fontsize=7)
+        for row, ax in enumerate(axes[:, col]):
+            ticks = model_ns if row == 0 else Ns
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(n) for n in ticks])
+            ax.set_yscale("log")
+            ax.set_xlabel("number of workers")
+    fig.suptitle("filled markers, solid lines: measured here; hollow markers, dashed lines: cost model "
+                 f"(zen_hvd/costmodel.py)\nmeasured on {setting(args)}", fontsize=9)
     fig.tight_layout()
     path = os.path.join(args.out, "costmodel.png")
     fig.savefig(path, dpi=110)
@@ -245,9 +315,19 @@ def _rate_bps(text: str) -> float:
 
 
 def main():
+    from zen_hvd.bench.common import under_launcher
+
     args = parse()
     if args.child:
         return child(args)
+    if under_launcher():   # started by mpirun / horovodrun: one N, this job's, on its ranks
+        child(args)
+        import horovod.torch as hvd
+
+        if hvd.rank() == 0:
+            with open(os.path.join(args.out, f"part_{hvd.size()}.json")) as f:
+                report(args, [json.load(f)])
+        return
     os.makedirs(args.out, exist_ok=True)
     parts = []
     sizes = list(map(int, args.ranks.split(",")))
@@ -257,7 +337,6 @@ def main():
         with open(os.path.join(args.out, f"part_{n}.json")) as f:
             parts.append(json.load(f))
     report(args, parts)
-    print("# reproduce: python -m zen_hvd.bench.schemes " + shlex.join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m zen_hvd.bench.vs_horovod [--ranks 4] [--emulate 1gbit] [--repeats 20]
                                        [--vocab 200000] [--dim 64] [--tokens 4096] [--zipf 1.05]
+                                       [--out F.csv]
 
 Every rank builds an nn.Embedding(sparse=True)-style gradient (--tokens lookups of ids drawn
 from Zipf(--zipf) over --vocab rows, uncoalesced, --dim float32 values per row) and syncs it,
@@ -15,10 +16,12 @@ sync (median, mean over ranks), data bytes received per rank (Zen: the transport
 Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D), ring allreduce 2 (n-1)/n M 4 D),
 and ratios to Horovod's sparse allgather. The link rate is measured in the same launch (a
 16 MiB point-to-point transfer); Zen's byte ideal is the slowest rank's max(bytes sent,
-received) over that rate. Results are checked against the dense allreduce.
+received) over that rate. Results are checked against the dense allreduce. --out writes the
+table as CSV, one row per method, with the setting in every row.
 
 Started plainly it runs itself under mpirun (--ranks local ranks), or with --emulate on
---ranks network namespaces joined by tc-limited links (scripts/netns_cluster.sh, needs root).
+--ranks network namespaces joined by tc-limited links (scripts/netns_cluster.sh, needs root);
+started under mpirun or horovodrun, it runs on that job's ranks.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ def parse():
     ap.add_argument("--transport", default=None)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="CSV file of the table printed")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -153,6 +157,8 @@ def link_rate(hvd):
 def report(args, n, methods, table, agree, choice):
     import numpy as np
 
+    from zen_hvd.bench.common import reproduce, write_csv
+
     R, V, D = args.repeats, args.vocab, args.dim
     k = args.tokens
     rows = table[:, -2]
@@ -175,6 +181,7 @@ def report(args, n, methods, table, agree, choice):
     where = f"{n} emulated hosts, {args.emulate} links" if args.emulate else f"{n} ranks, one machine (shared memory)"
     print(f"\nzen_hvd.bench.vs_horovod: {where}; embedding {V:,} x {D} float32, {k:,} tokens per rank "
           f"(Zipf {args.zipf}), {rows.mean():,.0f} distinct rows per rank (mean); {R} repeats")
+    print("  " + reproduce("zen_hvd.bench.vs_horovod"))
     print(f"  measured link rate (16 MiB, rank 0 -> 1): {rate * 8 / 1e9:.2f} Gbit/s")
     print(f"  {'method':<16}{'time ms':>9}{'cpu ms':>9}{'recv B/rank':>14}{'t/hvd-sparse':>14}"
           f"{'B/hvd-sparse':>14}{'ideal ms':>10}{'t/ideal':>9}  agrees")
@@ -194,8 +201,12 @@ def report(args, n, methods, table, agree, choice):
         z = res["zen-balanced"]
         print(f"  Zen balanced is {hs['t'] / z['t']:.2f}x Horovod's sparse allgather in time "
               f"({hs['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / hs['bytes']:.2f}x its bytes")
-    cmd = ["python", "-m", "zen_hvd.bench.vs_horovod"] + [a for a in sys.argv[1:] if a != "--child"]
-    print("  reproduce: " + shlex.join(cmd))
+    write_csv(args.out, [dict(setting=where, method=m, time_ms=res[m]["t"] * 1e3, cpu_ms=res[m]["cpu"] * 1e3,
+                              recv_bytes_per_rank=res[m]["bytes"], bytes_counted=res[m]["counted"],
+                              time_vs_horovod_sparse=res[m]["t"] / hs["t"] if hs else "",
+                              bytes_vs_horovod_sparse=res[m]["bytes"] / hs["bytes"] if hs else "",
+                              ideal_ms=res[m]["ideal"] * 1e3 if res[m]["counted"] else "",
+                              agrees=agree[m], link_gbps=rate * 8 / 1e9) for m in methods])
     if not all(agree.values()):
         sys.exit(1)
 
@@ -210,8 +221,10 @@ def launch(args):
 
 
 def main():
+    from zen_hvd.bench.common import under_launcher
+
     args = parse()
-    if args.child:
+    if args.child or under_launcher():   # started by mpirun / horovodrun: run on its ranks
         return child(args)
     launch(args)
 
