@@ -2,7 +2,7 @@
 synchronized three ways.
 
     python -m zen_hvd.bench.train [--ranks 4] [--rounds 3] [--steps 20] [--warmup 3] [--batch 16]
-                                  [--seq-len 20] [--hidden 128]
+                                  [--seq-len 20] [--hidden 128] [--out F.csv]
 
 Starts itself under mpirun with --ranks ranks when launched plainly, then trains the same model
 from the same seeds with Zen (zen_hvd.DistributedOptimizer), Horovod's allreduce with
@@ -13,18 +13,17 @@ machine falls on both alike; the median over rounds is printed; sparse_as_dense 
 bytes received per step per rank (Zen's counted by its transports, Horovod's computed from
 tensor sizes, as the example explains) and the final loss of each. Zen's and Horovod sparse's
 losses must agree (they compute the same averaged gradients up to float rounding) and Zen must
-move the fewest bytes.
+move the fewest bytes. A line per run says how long is left; --out writes the table as CSV.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
-import shlex
 import statistics
 import sys
 
-from .common import ensure_launched, gather, share_cores
+from .common import Progress, ensure_launched, gather, reproduce, share_cores, write_csv
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "lstm_lm.py")
 SMALL = ["--small"]  # the example's CPU sizes (embedding 512, hidden 128): the figures' workload
@@ -41,6 +40,7 @@ def main():
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
     ours, rest = ap.parse_known_args()
     if {"-h", "--help"} & set(rest):   # help without launching mpirun: ours, then the example's
         print(__doc__)
@@ -54,9 +54,12 @@ def main():
     zen_hvd.init()
     share_cores()
     results, step_times = {}, {}
-    for rnd in range(max(1, ours.rounds)):
+    rounds = max(1, ours.rounds)
+    progress = Progress(2 * rounds + 1, active=hvd.rank() == 0)
+    for rnd in range(rounds):
         order = ("zen", "horovod") if rnd % 2 == 0 else ("horovod", "zen")
         for sync in order + (("horovod-dense",) if rnd == 0 else ()):
+            progress.stage(f"round {rnd + 1} of {rounds}: --sync {sync}")
             # sparse_as_dense moves the whole 100k-row tables: a few steps tell its speed
             few = ["--steps", "5", "--warmup", "1"] if sync == "horovod-dense" else []
             args = lstm_lm.parse_args(SMALL + ["--no-progress"] + rest + few + ["--sync", sync])
@@ -72,7 +75,7 @@ def main():
           f"warm-up steps, {ours.rounds} rounds, batch {args.batch} x "
           f"{args.seq_len} per rank, embedding {args.vocab} x {args.embed} (sparse=True), hidden "
           f"{args.hidden}, sampled softmax with {args.negatives} negatives")
-    print(f"  reproduce: python -m zen_hvd.bench.train {shlex.join(sys.argv[1:])}".rstrip())
+    print("  " + reproduce("zen_hvd.bench.train"))
     print(f"  {'sync':<36}{'samples/s':>10}{'ms/step':>9}{'bytes/step/rank':>18}{'final loss':>14}")
     labels = {"zen": "Zen (zen_hvd.DistributedOptimizer)", "horovod-dense": "Horovod sparse_as_dense (5 steps)",
               "horovod": "Horovod sparse (allgather)"}
@@ -80,6 +83,10 @@ def main():
         total = r["zen_bytes"] + r["horovod_bytes"]
         ms = statistics.median(step_times[sync]) * 1e3
         print(f"  {labels[sync]:<36}{r['samples_per_s']:>10.1f}{ms:>9.1f}{total:>18,.0f}{r['final_loss']:>14.6f}")
+    write_csv(ours.out, [dict(sync=labels[sync], samples_per_s=r["samples_per_s"],
+                              ms_per_step=statistics.median(step_times[sync]) * 1e3,
+                              bytes_per_step_per_rank=r["zen_bytes"] + r["horovod_bytes"],
+                              final_loss=r["final_loss"]) for sync, r in results.items()])
     z = results["zen"]
     print(f"  Zen: {z['zen_bytes']:,.0f} B counted (sparse syncs, data + control) + "
           f"{z['horovod_bytes']:,.0f} B computed (Horovod allreduce of the dense LSTM weights)")
