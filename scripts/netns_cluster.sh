@@ -65,7 +65,9 @@ run() {
   down
   up "$n" "$rate"
   write_agent
-  local envs="-x PATH"
+  # The hosts share this machine's cores: benchmarks size their thread pools by this.
+  export ZEN_HVD_RANKS_SHARING_CORES=$n
+  local envs="-x PATH -x ZEN_HVD_RANKS_SHARING_CORES"
   for v in VIRTUAL_ENV PYTHONPATH; do [ -n "${!v:-}" ] && envs="$envs -x $v"; done
   local hosts=""
   for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i)"; done

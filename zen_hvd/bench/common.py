@@ -64,13 +64,21 @@ def ensure_launched(ranks: int, module: str) -> None:
     os.execvp(cmd[0], cmd)
 
 
+SHARERS_VAR = "ZEN_HVD_RANKS_SHARING_CORES"
+
+
 def share_cores() -> None:
-    """Give each local rank its share of the cores: several ranks on one machine, each with
-    torch's default thread pool, oversubscribe the cores and time the spinning, not the sync."""
+    """Give each rank its share of the machine's cores: several ranks on one machine, each with
+    torch's default thread pool, oversubscribe the cores and time the spinning, not the sync.
+    The ranks sharing the cores are Horovod's local ranks, or ZEN_HVD_RANKS_SHARING_CORES where
+    Horovod cannot tell: the emulated cluster's hosts (scripts/netns_cluster.sh) are one rank
+    each to Horovod but share one machine (with 2 threads per rank there, 4 ranks on 2 cores
+    ran deepfm 10x slower)."""
     import torch
     import horovod.torch as hvd
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    sharers = int(os.environ.get(SHARERS_VAR) or hvd.local_size())
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, sharers)))
 
 
 def barrier() -> None:
