@@ -193,6 +193,27 @@ class Bucket:
                                                  is_coalesced=True, check_invariants=False)
         return self.last_sent
 
+    def state_dict(self) -> dict:
+        """This rank's residual (v, and u under momentum correction) and its step count."""
+        u = self.memory.u
+        return dict(numel=self.numel, steps=self.steps, v=self.memory.v.clone(),
+                    u=None if u is None else u.clone())
+
+    def load_state_dict(self, state: dict, residual: bool = True) -> None:
+        """Restore the step count (the warm-up stage) and, if `residual`, the residual; without
+        it the residual starts from zero (it was another rank's, see the optimizer)."""
+        if state["numel"] != self.numel:
+            raise ValueError(f"zen_hvd DGC state: bucket {self.name!r} holds {self.numel} values, the "
+                             f"state_dict's {state['numel']} (a different model?)")
+        if (state["u"] is None) != (self.memory.u is None):
+            raise ValueError(f"zen_hvd DGC state: bucket {self.name!r} was saved with momentum "
+                             f"{'0' if state['u'] is None else '> 0'}, and runs with momentum "
+                             f"{self.dgc.momentum}")
+        self.steps = int(state["steps"])
+        for mine, saved in ((self.memory.v, state["v"]), (self.memory.u, state["u"])):
+            if mine is not None:
+                mine.copy_(saved) if residual else mine.zero_()
+
     def write_back(self, result):
         """The synchronized sum (units ascending, values [K, 1]) into each parameter's .grad:
         dense, zero outside the union of what the ranks sent."""

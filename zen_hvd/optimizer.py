@@ -381,10 +381,55 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(_ZERO_GRAD_RACE)
         return super(self.__class__, self).zero_grad(set_to_none)
 
-    def load_state_dict(self, *args, **kwargs):
+    def state_dict(self):
+        """The wrapped optimizer's state_dict, plus (under DGC) this rank's DGC state under
+        "zen_dgc": each bucket's residual and step count, with the rank that saved it."""
+        state = super(self.__class__, self).state_dict()
+        if self.dgc_buckets:
+            import horovod.torch as hvd
+
+            state[DGC_STATE] = dict(rank=hvd.rank(), size=hvd.size(),
+                                    buckets={b.name: b.state_dict() for b in self.dgc_buckets})
+        return state
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
         if self._zen is not None:  # drop this step's Zen syncs (finishing those already started)
             self._zen.discard()
-        return _DistributedOptimizer.load_state_dict(self, *args, **kwargs)
+        dgc_state = state_dict.get(DGC_STATE) if isinstance(state_dict, dict) else None
+        if dgc_state is not None:
+            state_dict = {k: v for k, v in state_dict.items() if k != DGC_STATE}
+        result = _DistributedOptimizer.load_state_dict(self, state_dict, *args, **kwargs)
+        if self.dgc_buckets:
+            _load_dgc_state(self.dgc_buckets, dgc_state)
+        return result
+
+
+DGC_STATE = "zen_dgc"
+
+
+def _load_dgc_state(buckets, saved):
+    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state_dict
+    saved by this rank (same rank and size) restores them exactly; one saved by another rank
+    (rank 0's checkpoint loaded everywhere) restores the step count only, and the residuals
+    start from zero, since adding rank 0's residual on every rank would count it n times."""
+    import horovod.torch as hvd
+
+    if saved is None:
+        warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
+                      "residuals and warm-up start over", stacklevel=3)
+        return
+    names = {b.name for b in buckets}
+    if set(saved["buckets"]) != names:
+        raise ValueError(f"zen_hvd DGC state: the state_dict's buckets {sorted(saved['buckets'])} are "
+                         f"not this optimizer's {sorted(names)} (another model, or other DGC settings?)")
+    own = saved["rank"] == hvd.rank() and saved["size"] == hvd.size()
+    if not own:
+        warnings.warn(f"zen_hvd: DGC state saved by rank {saved['rank']} of {saved['size']}, loaded on "
+                      f"rank {hvd.rank()} of {hvd.size()}: the step count is restored and the "
+                      "residuals start from zero (they are per rank; save and load each rank's "
+                      "own state_dict to resume exactly)", stacklevel=3)
+    for b in buckets:
+        b.load_state_dict(saved["buckets"][b.name], residual=own)
 
 
 def _write_back(zp, out):

@@ -158,6 +158,66 @@ def bad_settings_raise_on_every_rank():
                              compression=hvd.Compression.dgc(momentum=0))
 
 
+def dgc_run(model, opt, steps):
+    for step in steps:
+        opt.zero_grad()
+        loss_at(model, step).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def dgc_optimizer(model):
+    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+                                    named_parameters=model.named_parameters(),
+                                    compression=hvd.Compression.dgc(ratio=0.05, warmup_steps=2))
+
+
+@case
+def state_dict_resumes_exactly():
+    """Each rank's own state_dict (residuals, step count) resumes training bitwise; without
+    DGC's state (a warning says so) the same steps give other parameters; rank 0's loaded everywhere restores the step
+    count and starts the other ranks' residuals from zero, with a warning."""
+    model = fresh_model()
+    opt = dgc_optimizer(model)
+    dgc_run(model, opt, range(3))
+    saved, weights = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
+    assert saved["zen_dgc"]["rank"] == me and saved["zen_dgc"]["buckets"], saved.keys()
+    expected = dgc_run(model, opt, range(3, 6))
+
+    def resumed(state):
+        again = fresh_model()
+        again.load_state_dict(weights)
+        o = dgc_optimizer(again)
+        o.load_state_dict(state)
+        return dgc_run(again, o, range(3, 6)), o
+
+    got, _ = resumed(copy.deepcopy(saved))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)), "resumed training differs"
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh, _ = resumed({k: v for k, v in copy.deepcopy(saved).items() if k != "zen_dgc"})
+    assert not all(torch.equal(a, b) for a, b in zip(fresh, expected)), "the DGC state made no difference"
+    assert any("no DGC state" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+    rank0 = horovod.broadcast_object(saved, root_rank=0, name="dgc_cases.state")
+    again = fresh_model()
+    o = dgc_optimizer(again)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        o.load_state_dict(rank0)
+    [bucket] = o.dgc_buckets
+    assert bucket.steps == 3
+    if me == 0:
+        assert not caught and torch.equal(bucket.memory.v, saved["zen_dgc"]["buckets"][bucket.name]["v"])
+    else:
+        assert any("residuals start from zero" in str(w.message) for w in caught)
+        assert not bucket.memory.v.any() and not bucket.memory.u.any()
+    wrong = copy.deepcopy(saved)
+    wrong["zen_dgc"]["buckets"] = {"dgc.other+0": next(iter(wrong["zen_dgc"]["buckets"].values()))}
+    expect_value_error("are not this optimizer's", lambda: o.load_state_dict(wrong))
+
+
 horovod.barrier()
 if me == 0:
     print(f"all DGC cases passed ({len(passed)} cases, {n} ranks: {', '.join(passed)})")
