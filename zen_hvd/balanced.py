@@ -35,7 +35,7 @@ import numpy as np
 
 from .cuda_kernels import data_path as kernels
 from .cuda_kernels import h0, hierarchical_hashing
-from .header import COL, COUNTS, InvalidTensorError, check_table
+from .header import COL, COUNTS, InvalidTensorError, check_table, names_gatherer
 from .units import INDEX_OUT_OF_RANGE, OK, sorted_unique
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
 
@@ -112,7 +112,7 @@ class BalancedParallelism:
         parts = tr.push(buf, sizes, control=H)
         table, short = _header_table(parts, H, header.size)
         if not short:
-            check_table(name, table, scheme_names)
+            check_table(name, table, scheme_names, names_gatherer(tr))
 
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i

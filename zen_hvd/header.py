@@ -68,8 +68,22 @@ def _shape(row) -> tuple:
     return tuple(int(d) for d in row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])
 
 
-def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
-    """Raise the same error on every rank if the ranks' headers disagree or report bad input."""
+def names_gatherer(tr):
+    """Every rank's tensor name through `tr` (an allgather; for the name-mismatch error only)."""
+    def gather(name):
+        mine = torch.tensor(list(name.encode()), dtype=torch.uint8)
+        recv, counts = tr.allgatherv(mine)
+        raw = recv.numpy().tobytes()
+        ends = np.cumsum(counts)
+        return [raw[end - c:end].decode(errors="replace") for c, end in zip(counts, ends)]
+    return gather
+
+
+def check_table(name: str, table: np.ndarray, scheme_names=None, gather_names=None) -> None:
+    """Raise the same error on every rank if the ranks' headers disagree or report bad input.
+    gather_names(name) -> every rank's name: a collective, called only when names differ and
+    the ranks agree on the scheme (so that all of them are on this same path), to name each
+    rank's tensor in the error."""
     agreed = table[:, :COL["error"]]          # every field that must be equal on all ranks
     if (agreed == agreed[0]).all() and not table[:, COL["error"]].any():
         return                                # the common case: one comparison
@@ -81,9 +95,13 @@ def check_table(name: str, table: np.ndarray, scheme_names=None) -> None:
 
     where = f"zen_hvd: tensor {name!r}"
     if differs([COL["name"]]):
+        if gather_names is not None and not differs([COL["version"], COL["scheme"]]):
+            which = ", ".join(f"rank {r}: {other!r}" for r, other in enumerate(gather_names(name)))
+        else:
+            which = f"this rank's is {name!r}"
         raise TensorMismatchError(
             f"{where}: ranks are synchronizing different tensors at this call (names differ; "
-            f"this rank's is {name!r}). Call sparse_allreduce for the same tensors in the same "
+            f"{which}). Call sparse_allreduce for the same tensors in the same "
             "order on every rank, or pass matching name= arguments.")
     if differs([COL["version"]]):
         raise TensorMismatchError(f"{where}: ranks run different zen_hvd versions")

@@ -19,7 +19,7 @@ from . import auto, runtime
 from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
-from .header import COL, check_table, make_header
+from .header import COL, check_table, make_header, names_gatherer
 from .units import OK, layout_of, source, sparse_result, take_units, to_units, widened
 
 # Concrete schemes (their order is the header code); "auto" resolves to one of them per call.
@@ -146,8 +146,9 @@ def exchange_headers(name, header, tr) -> np.ndarray:
         check_table(name, table, SCHEME_NAMES)   # raises if a balanced peer is the cause
         raise ValueError(f"zen_hvd: tensor {name!r}: header messages of sizes {sizes}, expected {H}")
     table = np.stack([p.view(np.int64) for p in parts])
-    check_table(name, table, SCHEME_NAMES)
+    check_table(name, table, SCHEME_NAMES, names_gatherer(tr))
     return table
+
 
 
 def _run_scheme(chosen, name, cpu, layout, op, ctx):

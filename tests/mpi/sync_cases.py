@@ -162,7 +162,7 @@ if n > 1:
     assert "seed differs" in expect_error(TensorMismatchError, "seed_mismatch", good)
     zen_hvd.set_seed(1234)
     names = expect_error(TensorMismatchError, "name_a" if me == 0 else "name_b", good)
-    assert "different tensors" in names
+    assert "different tensors" in names and "rank 0: 'name_a'" in names and "rank 1: 'name_b'" in names, names
 oob = [torch.sparse_coo_tensor(torch.tensor([[1, 150]]), torch.ones(2, 4), (200, 4)) for r in range(n)]
 oob[n - 1] = torch.sparse_coo_tensor(torch.tensor([[1, 250]]), torch.ones(2, 4), (200, 4),
                                      check_invariants=False)
