@@ -199,9 +199,8 @@ class Bucket:
         return dict(numel=self.numel, steps=self.steps, v=self.memory.v.clone(),
                     u=None if u is None else u.clone())
 
-    def load_state_dict(self, state: dict, residual: bool = True) -> None:
-        """Restore the step count (the warm-up stage) and, if `residual`, the residual; without
-        it the residual starts from zero (it was another rank's, see the optimizer)."""
+    def check_state(self, state: dict) -> None:
+        """ValueError unless `state` (a state_dict()) fits this bucket."""
         if state["numel"] != self.numel:
             raise ValueError(f"zen_hvd DGC state: bucket {self.name!r} holds {self.numel} values, the "
                              f"state_dict's {state['numel']} (a different model?)")
@@ -209,10 +208,21 @@ class Bucket:
             raise ValueError(f"zen_hvd DGC state: bucket {self.name!r} was saved with momentum "
                              f"{'0' if state['u'] is None else '> 0'}, and runs with momentum "
                              f"{self.dgc.momentum}")
-        self.steps = int(state["steps"])
-        for mine, saved in ((self.memory.v, state["v"]), (self.memory.u, state["u"])):
-            if mine is not None:
-                mine.copy_(saved) if residual else mine.zero_()
+
+    def load_state_dict(self, state: "dict | None", residual: bool = True) -> None:
+        """Restore the step count (the warm-up stage) and, if `residual`, the residual; without
+        it the residual starts from zero (it was another rank's, see the optimizer). None:
+        start over (step 0, zero residual)."""
+        if state is not None:
+            self.check_state(state)
+        self.steps = int(state["steps"]) if state is not None else 0
+        for mine, key in ((self.memory.v, "v"), (self.memory.u, "u")):
+            if mine is None:
+                continue
+            if state is not None and residual:
+                mine.copy_(state[key])
+            else:
+                mine.zero_()
 
     def write_back(self, result):
         """The synchronized sum (units ascending, values [K, 1]) into each parameter's .grad:

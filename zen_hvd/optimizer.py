@@ -398,6 +398,8 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         dgc_state = state_dict.get(DGC_STATE) if isinstance(state_dict, dict) else None
         if dgc_state is not None:
             state_dict = {k: v for k, v in state_dict.items() if k != DGC_STATE}
+        if self.dgc_buckets:   # checked before anything is loaded: a refused state changes nothing
+            _check_dgc_state(self.dgc_buckets, dgc_state)
         result = _DistributedOptimizer.load_state_dict(self, state_dict, *args, **kwargs)
         if self.dgc_buckets:
             _load_dgc_state(self.dgc_buckets, dgc_state)
@@ -407,21 +409,32 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
 DGC_STATE = "zen_dgc"
 
 
-def _load_dgc_state(buckets, saved):
-    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state_dict
-    saved by this rank (same rank and size) restores them exactly; one saved by another rank
-    (rank 0's checkpoint loaded everywhere) restores the step count only, and the residuals
-    start from zero, since adding rank 0's residual on every rank would count it n times."""
-    import horovod.torch as hvd
-
+def _check_dgc_state(buckets, saved):
+    """ValueError unless `saved` (or no DGC state at all) fits these buckets."""
     if saved is None:
-        warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
-                      "residuals and warm-up start over", stacklevel=3)
         return
     names = {b.name for b in buckets}
     if set(saved["buckets"]) != names:
         raise ValueError(f"zen_hvd DGC state: the state_dict's buckets {sorted(saved['buckets'])} are "
                          f"not this optimizer's {sorted(names)} (another model, or other DGC settings?)")
+    for b in buckets:
+        b.check_state(saved["buckets"][b.name])
+
+
+def _load_dgc_state(buckets, saved):
+    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state_dict
+    saved by this rank (same rank and size) restores them exactly; one saved by another rank
+    (rank 0's checkpoint loaded everywhere) restores the step count only, and the residuals
+    start from zero, since adding rank 0's residual on every rank would count it n times.
+    A state_dict without DGC state starts DGC over (zero residuals, step 0)."""
+    import horovod.torch as hvd
+
+    if saved is None:
+        warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
+                      "residuals and warm-up start over", stacklevel=3)
+        for b in buckets:
+            b.load_state_dict(None)
+        return
     own = saved["rank"] == hvd.rank() and saved["size"] == hvd.size()
     if not own:
         warnings.warn(f"zen_hvd: DGC state saved by rank {saved['rank']} of {saved['size']}, loaded on "

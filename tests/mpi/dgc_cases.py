@@ -215,7 +215,10 @@ def state_dict_resumes_exactly():
         assert not bucket.memory.v.any() and not bucket.memory.u.any()
     wrong = copy.deepcopy(saved)
     wrong["zen_dgc"]["buckets"] = {"dgc.other+0": next(iter(wrong["zen_dgc"]["buckets"].values()))}
+    lr = o.param_groups[0]["lr"]
+    wrong["param_groups"][0]["lr"] = lr * 2
     expect_value_error("are not this optimizer's", lambda: o.load_state_dict(wrong))
+    assert o.param_groups[0]["lr"] == lr, "a refused state_dict was partly loaded"
 
 
 horovod.barrier()
