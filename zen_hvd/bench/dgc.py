@@ -12,7 +12,6 @@ residual's update and clearing, dgc.Bucket.compress) is timed too.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import shlex
 import statistics
@@ -22,6 +21,7 @@ import time
 import torch
 
 from .. import dgc
+from .common import write_csv
 
 
 def gradient(kind, n, seed):
@@ -76,12 +76,7 @@ def main(argv=None):
                                  else f"{v:>14.4f}" if v < 1 else f"{v:>14.2f}" for v in row))
     print("  (sparse: 90% of the entries are exactly zero, and zeros are never sent; x target: "
           "sent / k; speed-up: torch.topk's time / top_k's)")
-    if args.out:
-        with open(args.out, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow([h.replace(" ", "_") for h in head])
-            w.writerows(rows)
-        print(f"  wrote {args.out}")
+    write_csv(args.out, [dict(zip((h.replace(" ", "_") for h in head), row)) for row in rows])
 
 
 if __name__ == "__main__":

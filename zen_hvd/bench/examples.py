@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from .common import Progress, launch_command, reproduce, under_launcher
+from .common import Progress, launch_command, reproduce, under_launcher, write_csv
 
 EXAMPLES_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 BASELINES = (("AGsparse", "agsparse"), ("SparCML", "sparcml"), ("OmniReduce", "omnireduce"),
@@ -152,13 +152,7 @@ def report(args, rows):
               f"{r['bytes_per_step']:>17,.0f}{r['loss']:>9.4f}")
     print("  (bytes: received per step per rank, Zen's counted + Horovod's computed; loss: the mean "
           "of the timed steps' losses, over ranks)")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "examples.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows({k: r[k] for k in FIELDS} for r in rows)
-    print(f"wrote {path}")
+    write_csv(os.path.join(args.out, "examples.csv"), [{k: r[k] for k in FIELDS} for r in rows])
     print(f"wrote {plot(args, rows)}")
 
 

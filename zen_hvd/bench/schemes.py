@@ -16,7 +16,6 @@ Started under mpirun or horovodrun, it measures that job's N only, on its ranks.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shlex
@@ -118,14 +117,9 @@ def launch(args, n):
 
 
 def report(args, parts):
-    from zen_hvd.bench.common import reproduce
+    from zen_hvd.bench.common import reproduce, write_csv
 
     rows = [r for p in parts for r in p["rows"]]
-    path = os.path.join(args.out, "schemes.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
     print(f"\nzen_hvd.bench.schemes: {setting(args)}; bytes = data bytes received per rank per sync")
     print("  " + reproduce("zen_hvd.bench.schemes"))
     for kind in args.workloads.split(","):
@@ -141,7 +135,8 @@ def report(args, parts):
             for r in sel:
                 print(f"  {r['scheme']:<13}{r['time_s'] * 1e3:>9.2f}{r['time_norm']:>7.2f}"
                       f"{r['bytes_max']:>12,.0f}{r['bytes_mean']:>12,.0f}{r['bytes_norm']:>7.2f}")
-    print(f"\nwrote {path}")
+    print()
+    write_csv(os.path.join(args.out, "schemes.csv"), [{k: r[k] for k in FIELDS} for r in rows])
     plot(args, rows, parts)
     costmodel_check(args, parts, rows)
 
@@ -202,17 +197,16 @@ def plot(args, rows, parts):
     rate = _rate_bps(args.emulate) if args.emulate else None
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4.4), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        chs = [p["characteristics"][kind] for p in parts if kind in p["characteristics"]]
+        chs = sorted((p["characteristics"][kind] for p in parts if kind in p["characteristics"]),
+                     key=lambda ch: ch["n"])
+        model = [(ch["n"], predicted(ch, ch["n"], rate)) for ch in chs] if rate else []
         for c, scheme in enumerate(SCHEME_ORDER):
             pts = sorted((r["n"], r["time_norm"]) for r in rows if r["workload"] == kind and r["scheme"] == scheme)
             if pts:
                 ax.plot(*zip(*pts), color=f"C{c}", label=scheme, **MEASURED)
-            if rate:
-                model = []
-                for ch in sorted(chs, key=lambda ch: ch["n"]):
-                    t = predicted(ch, ch["n"], rate)
-                    model.append((ch["n"], t[scheme] / t["allreduce"]))
-                ax.plot(*zip(*model), color=f"C{c}", **MODEL)
+            if model:
+                ax.plot([n for n, _ in model], [t[scheme] / t["allreduce"] for _, t in model],
+                        color=f"C{c}", **MODEL)
         ax.set_title(f"{kind}: measured" + (" and cost model" if rate else ""))
         ax.set_xlabel("number of workers")
         ax.set_ylabel("comm. time / AllReduce (log)")
@@ -270,12 +264,12 @@ def costmodel_check(args, parts, rows):
         own = {p["characteristics"][kind]["n"]: p["characteristics"][kind] for p in parts
                if kind in p["characteristics"]}
         model_ns = sorted(own) + Ns
+        model = [predicted(own.get(n, ch), n) for n in model_ns]
         for c, s in enumerate(SCHEME_ORDER):
             pts = sorted((r["n"], r["crit_bytes"] / next(q["crit_bytes"] for q in rows if q["workload"] == kind
                                                          and q["n"] == r["n"] and q["scheme"] == "allreduce"))
                          for r in rows if r["workload"] == kind and r["scheme"] == s)
             ax.plot(*zip(*pts), color=f"C{c}", label=s, **MEASURED)
-            model = [predicted(own.get(n, ch), n) for n in model_ns]
             ax.plot(model_ns, [b[s] / b["allreduce"] for b in model], color=f"C{c}", **MODEL)
         ax.set_title(f"{kind}: critical-path bytes, measured N={','.join(map(str, sorted(own)))} and model")
         ax.set_ylabel("bytes / AllReduce (log)")
