@@ -10,10 +10,16 @@ Push and Pull: every message travels as an 8-byte length followed by its bytes; 
 posts both at once, the receiver posts the payload's irecv once the length is in. So a round
 costs one small and one data message per peer, no collective. Tags keep Push, Pull and the
 two parts of a message apart.
+
+A failed wait (a peer closed or reset its connection, or gloo's timeout, the stall shutdown
+time, passed) raises HorovodInternalError naming the tensor, as Horovod's own collectives do
+when a peer is lost: elastic Horovod (zen_hvd.elastic.run) then resets and rebuilds the
+transport; elsewhere the error ends the job.
 """
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
 
@@ -25,6 +31,24 @@ from .transport import Transport, as_tensor, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # lengths travel on tag, payloads on tag + 1
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
+
+
+def _peer_loss(method):
+    """A RuntimeError of a gloo wait inside `method` -> HorovodInternalError naming the tensor;
+    the transport is marked broken so the next sync builds a new one."""
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        try:
+            return method(self, *args)
+        except RuntimeError as e:
+            from horovod.common.exceptions import HorovodInternalError
+
+            if isinstance(e, HorovodInternalError):
+                raise
+            self.broken = True
+            raise HorovodInternalError(f"zen_hvd: tensor {self.activity!r}: transport 'torch' "
+                                       f"lost a peer ({e})") from e
+    return wrapper
 
 
 def _own_address() -> str:
@@ -80,7 +104,16 @@ class TorchTransport(Transport):
             self._group = None
         super().__init__(rank, size)
 
+    def close(self):
+        """Destroy the group this transport made (the default group, if it initialised
+        torch.distributed), so that a later transport can make another."""
+        try:
+            self._dist.destroy_process_group(self._group)
+        except (RuntimeError, ValueError, AssertionError):   # already gone with its peers
+            pass
+
     # -- point to point ------------------------------------------------------------------
+    @_peer_loss
     def _exchange(self, sends, tag):
         """sends[r] (a uint8 tensor) goes to rank r; returns the received parts as views of one
         buffer (the part from this rank is empty)."""
@@ -120,17 +153,20 @@ class TorchTransport(Transport):
     def _allgatherv(self, send, recv_counts):
         return as_tensor(np.concatenate(self._pull(send.numpy())))
 
+    @_peer_loss
     def _allgather_int64(self, row):
         t = torch.from_numpy(row)
         out = [torch.empty_like(t) for _ in range(self.size)]
         self._dist.all_gather(out, t, group=self._group)
         return torch.cat(out).numpy()
 
+    @_peer_loss
     def _allreduce_sum(self, tensor):
         t = tensor.detach().contiguous().clone()
         self._dist.all_reduce(t, group=self._group)
         return t
 
+    @_peer_loss
     def _swap(self, send, peer, receive):
         if peer is None:
             return None

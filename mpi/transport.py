@@ -58,11 +58,15 @@ class Transport:
 
     name = "abstract"
     activity = "(none yet)"   # the tensor being synchronized, for errors (set by the sync)
+    broken = False            # a peer was lost: the next sync builds a new transport
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
         self.size = size
         self.stats = CommStats()
+
+    def close(self) -> None:
+        """Release what the transport holds (a reset: the ranks are about to change)."""
 
     # -- what subclasses implement -------------------------------------------------------
     def _alltoallv(self, send: torch.Tensor, send_counts, recv_counts) -> torch.Tensor:

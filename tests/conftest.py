@@ -36,6 +36,21 @@ def horovodrun_gloo(np_, script, *args, env=None, timeout=600):
     return _run(cmd, dict(os.environ, **env), timeout)
 
 
+def horovodrun_elastic(np_, max_np, script, *args, discovery, env=None, timeout=600):
+    """Run tests/mpi/<script> under elastic `horovodrun` (gloo) with the host discovery script
+    `discovery`, starting np_ workers, at least np_ and at most max_np."""
+    exe = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(exe):
+        pytest.skip("horovodrun is not installed (run scripts/setup.sh)")
+    cmd = [exe, "-np", str(np_), "--min-np", str(np_), "--max-np", str(max_np),
+           "--host-discovery-script", discovery,
+           sys.executable, os.path.join(HERE, "mpi", script), *map(str, args)]
+    # The driver ranks hosts it discovers together in a set's order: a fixed hash seed keeps
+    # that order, so the first host's workers keep ranks 0.. when a host joins.
+    env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return _run(cmd, dict(os.environ, **env), timeout)
+
+
 def _run(cmd, env, timeout, check=True):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

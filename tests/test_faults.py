@@ -11,7 +11,6 @@ STALL = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "3", "ZEN_HVD_STALL_CHECK_TIME_S
 @pytest.mark.parametrize("mode, expected", [
     ("exit", ["tensor 'fault.second'", "rank 1"]),         # the survivors wait for rank 1's Push
     ("extra_step", ["tensor 'weight'", "ranks [0, 2]"]),   # rank 1 waits for the others' Push
-    ("transport", ["mpi4py transport", "different transports"]),  # rank 1 syncs over Horovod
 ])
 def test_departed_or_extra_rank_ends_the_job(mode, expected):
     proc = mpirun(3, "fault_cases.py", mode, env=STALL, timeout=240, check=False)
@@ -19,6 +18,19 @@ def test_departed_or_extra_rank_ends_the_job(mode, expected):
     assert proc.returncode != 0, out[-3000:]
     assert "StallError" in out and all(e in out for e in expected), out[-3000:]
     assert "returned" not in out
+
+
+def test_ranks_on_different_transports_agree_first():
+    # Rank 1 syncs over Horovod's collectives, the others over mpi4py: the agreement at the
+    # first use raises on every rank, without waiting for the stall deadline (none is set;
+    # nor is the abort on an uncaught error, so each rank's own error shows).
+    env = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "0", "ZEN_HVD_ABORT_ON_ERROR": "0"}
+    proc = mpirun(3, "fault_cases.py", "transport", env=env, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    each = "rank 0: 'mpi4py', rank 1: 'horovod', rank 2: 'mpi4py'"
+    assert out.count(each) == 3 and "TensorMismatchError" in out, out[-3000:]
+    assert "over mixed transports returned" not in out
 
 
 def test_uncaught_error_on_one_rank_ends_the_job():

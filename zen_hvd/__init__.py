@@ -14,13 +14,15 @@ from .sync import SCHEMES, last_sync, sparse_allreduce  # noqa: F401
 __version__ = "0.1.0"
 
 # Horovod's PyTorch API, so that `import zen_hvd as hvd` runs a Horovod script unchanged;
-# init, DistributedOptimizer and broadcast_optimizer_state are zen_hvd's own.
+# init, DistributedOptimizer and elastic (its reset also rebuilds Zen's transports) are
+# zen_hvd's own.
 from horovod.torch import (  # noqa: F401,E402
     Adasum, HorovodInternalError, Max, Min, ProcessSet, Product, SyncBatchNorm,
     add_process_set, allgather, allgather_async, allgather_object, allreduce, allreduce_,
     allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-    broadcast_async, broadcast_async_, broadcast_object, broadcast_parameters, ccl_built,
-    cross_rank, cross_size, cuda_built, ddl_built, elastic, gloo_built, gloo_enabled,
+    broadcast_async, broadcast_async_, broadcast_object, broadcast_optimizer_state,
+    broadcast_parameters, ccl_built,
+    cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
     global_process_set, grouped_allgather, grouped_allgather_async, grouped_allreduce,
     grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
     grouped_reducescatter_async, is_initialized, join, local_rank, local_size, mpi_built,
@@ -29,6 +31,6 @@ from horovod.torch import (  # noqa: F401,E402
     stop_timeline, synchronize)
 
 from .dgc import DGC, Compression  # noqa: F401,E402  (Horovod's choices plus dgc)
-from .functions import broadcast_optimizer_state  # noqa: F401,E402
+from . import elastic  # noqa: F401,E402
 from .optimizer import DistributedOptimizer  # noqa: F401,E402
 from .auto import scheme_choices  # noqa: F401,E402

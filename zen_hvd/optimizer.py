@@ -48,7 +48,6 @@ import threading
 import time
 import warnings
 import weakref
-from contextlib import contextmanager
 
 import torch
 from horovod.torch.compression import Compression
@@ -121,8 +120,6 @@ class _ZenWorker:
     Zen parameter (_ZenParam, by rows) or a DGC bucket (dgc.Bucket, by elements)."""
 
     def __init__(self, zen_params, op, predivide, scheme, transport, process_set, early, profile):
-        import horovod.torch as hvd
-
         self.order = zen_params
         self._lock = threading.Lock()
         self.scheme, self.transport, self.process_set = scheme, transport, process_set
@@ -130,10 +127,8 @@ class _ZenWorker:
         self.profile = {zp.name: dict(syncs=0, seconds=0.0, bytes_sent=0, bytes_received=0,
                                       rows=0, density=0.0, union_density=0.0)
                         for zp in zen_params} if profile else None
-        size = self.size = process_set.size() if process_set is not None else hvd.size()
-        # Horovod's pre/postscale split of the average, decided once: as factors of the sync.
-        self.op, self.prescale, self.postscale = (Sum, 1.0 / predivide, predivide / size) \
-            if predivide != 1.0 else (op, 1.0, 1.0)
+        self._op, self._predivide = op, predivide
+        self._generation = None   # the runtime generation the settings below were made for
         self._queue = queue.SimpleQueue()
         self._thread = None
         self.round = _Round(self.order)
@@ -188,6 +183,7 @@ class _ZenWorker:
             if rnd is None or worker is None:
                 return
             try:
+                worker._begin()
                 for zp in worker.order:
                     rnd.ready[zp].wait()
                     rnd.results[zp] = worker._sync(zp)
@@ -195,6 +191,21 @@ class _ZenWorker:
                 rnd.error = e
             del worker
             rnd.done.set()
+
+    def _begin(self):
+        """At a round's start, once per set of ranks (the first round, and the first after an
+        elastic reset): the ranks agree on the items, and the scaling follows the size."""
+        runtime.context(self.transport, self.process_set)   # resets if the ranks changed
+        if self._generation == runtime.generation:
+            return
+        _check_same_zen_params(self.order, self.transport, self.process_set)
+        import horovod.torch as hvd
+
+        size = self.size = self.process_set.size() if self.process_set is not None else hvd.size()
+        # Horovod's pre/postscale split of the average: as factors of the sync.
+        self.op, self.prescale, self.postscale = (Sum, 1.0 / self._predivide, self._predivide / size) \
+            if self._predivide != 1.0 else (self._op, 1.0, 1.0)
+        self._generation = runtime.generation
 
     def _sync(self, zp):
         """Sync one item. A Zen parameter's dense CPU gradient scanned for rows is synchronized
@@ -288,7 +299,6 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set, zen):
         self._zen = None
-        self._zen_local_step = False
         dgc_settings = compression if isinstance(compression, dgc.DGC) else None
         _DistributedOptimizer.__init__(self, params, named_parameters,
                                        Compression.none if dgc_settings else compression,
@@ -310,7 +320,6 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             self._regroup(ids)
         ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
         transport = select.resolve_transport_name(zen["transport"], ps)
-        _check_same_zen_params(items, transport, ps)
         self._zen = _ZenWorker(items, op, gradient_predivide_factor, zen["scheme"], transport,
                                ps, early=True, profile=zen["profile"])
         if self._zen.profile is not None:
@@ -360,21 +369,6 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             for p in item.params:
                 self._allreduce_delay[p] = self.backward_passes_per_step
             item.write_back(out)
-
-    def step(self, closure=None):
-        if self._zen_local_step:  # state initialisation: no communication
-            return super(self.__class__, self).step(closure)
-        return _DistributedOptimizer.step(self, closure)
-
-    @contextmanager
-    def _local_steps(self):
-        """step() runs the wrapped optimizer only (as Horovod's broadcast_optimizer_state
-        needs for a newly created optimizer's state)."""
-        self._zen_local_step = True
-        try:
-            yield
-        finally:
-            self._zen_local_step = False
 
     def zero_grad(self, set_to_none=True):
         if self._handles or (self._zen is not None and self._zen.touched):
@@ -601,7 +595,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("backward_passes_per_step must be > 0")
     methods = dict(_DistributedOptimizer.__dict__)
     methods.update({k: v for k, v in _ZenDistributedOptimizer.__dict__.items()
-                    if k not in ("__dict__", "__weakref__", "__doc__")})
+                    if k not in ("__dict__", "__weakref__", "__doc__", "__module__")})
+    # Horovod's helpers recognise its wrapper by this module (broadcast_optimizer_state, also
+    # under elastic's TorchState, then initialises a new state with the wrapped optimizer's
+    # step, without communicating); ours takes the same path.
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     zen = dict(select=dict(sparse_params=sparse_params, model=model, embedding_rows=embedding_rows),
                scheme=scheme,

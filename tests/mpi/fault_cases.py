@@ -6,7 +6,8 @@ MODE:
   exit        rank 1 calls sys.exit(1) between two syncs; the others wait for its Push.
   extra_step  rank 1 runs one optimizer step more than the others, which have finished.
   raise       rank 1 raises an uncaught error between two syncs.
-  transport   rank 1 syncs over Horovod's collectives, the others over mpi4py.
+  transport   rank 1 syncs over Horovod's collectives, the others over mpi4py (the ranks'
+              agreement on the transport, at its first use, raises on every rank).
 The test runs it with a short ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS and expects mpirun to exit
 non-zero with the tensor and rank 1 named on a surviving rank (or the error of rank 1 itself).
 """
