@@ -6,12 +6,17 @@ So a round costs one message per peer, and no size exchange. The collectives (Al
 Allgatherv, Allgather, Allreduce) serve the baselines and control values. Every wait (probes,
 sends, the collectives in their non-blocking form) polls under the stall policy (stall.py): a
 dead or departed peer ends the wait with an error naming the tensor and the missing ranks.
+A rank whose process ends sends each peer a farewell (its sync count) at exit; a wait for a
+rank that said farewell raises PeerLeftError at once, naming the ranks and their counts, so a
+rank that exits or runs ahead ends the job without waiting for the stall deadline.
 Buffers are the torch tensors' own memory (no copies); counts and displacements are explicit.
 Needs a real MPI job (mpirun, or horovodrun with MPI); under `horovodrun --gloo` there is none.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import time
 
 import numpy as np
 import torch
@@ -19,7 +24,7 @@ import torch
 from . import stall
 from .transport import Transport, displacements, split
 
-PUSH_TAG, PULL_TAG, STEP_TAG = 101, 102, 103
+PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
 
 
@@ -47,6 +52,41 @@ class Mpi4pyTransport(Transport):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+        self._left = {}   # rank -> its sync count, for the ranks that said farewell
+        atexit.register(self._farewell)   # before mpi4py's MPI_Finalize (registered earlier)
+
+    def close(self):
+        atexit.unregister(self._farewell)
+
+    # -- departed peers ------------------------------------------------------------------
+    def _farewell(self):
+        """At exit: this rank's sync count to every peer (a small, eager message)."""
+        MPI = self._MPI
+        if MPI.Is_finalized() or self.size == 1:
+            return
+        note = np.array([self.syncs], np.int64)
+        reqs = [self.comm.Isend([note, MPI.INT64_T], dest=r, tag=FAREWELL_TAG)
+                for r in range(self.size) if r != self.rank]
+        deadline = time.monotonic() + 1.0
+        while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def _gone(self, ranks):
+        """None, or a phrase naming those of `ranks` that said farewell and their counts."""
+        MPI, status = self._MPI, self._MPI.Status()
+        for r in ranks:
+            if r not in self._left and self.comm.Iprobe(source=r, tag=FAREWELL_TAG, status=status):
+                note = np.empty(1, np.int64)
+                self.comm.Recv([note, MPI.INT64_T], source=r, tag=FAREWELL_TAG)
+                self._left[r] = int(note[0])
+        counts = {}
+        for r in ranks:
+            if r in self._left:
+                counts.setdefault(self._left[r], []).append(r)
+        if not counts:
+            return None
+        each = "; ".join(f"{stall.ranks_phrase(rs)} left after {c} syncs" for c, rs in sorted(counts.items()))
+        return f"{each} (this rank is in sync {self.syncs})"
 
     def _exchange(self, sends, tag):
         """sends[r] (numpy uint8 or None) goes to rank r; returns the received parts as views
@@ -80,8 +120,11 @@ class Mpi4pyTransport(Transport):
                     pending.remove(src)
             return not pending
 
+        def gone():   # a message sent before its sender's farewell is taken first
+            return None if arrived() else self._gone(pending)
+
         stall.wait(arrived, self.policy, lambda: self._what(tag),
-                   lambda: f"the messages of {stall.ranks_phrase(pending)}")
+                   lambda: f"the messages of {stall.ranks_phrase(pending)}", gone)
         return msgs, counts
 
     def _wait(self, reqs):
@@ -89,13 +132,18 @@ class Mpi4pyTransport(Transport):
         if not reqs:
             return
         requests = [q for _, q in reqs]
+
+        def waiting():
+            return [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]
+
         stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, self._what,
-                   lambda: "receives by " + stall.ranks_phrase(
-                       [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]))
+                   lambda: "receives by " + stall.ranks_phrase(waiting()),
+                   lambda: self._gone(waiting()))
 
     def _collective(self, request):
         """Wait for a non-blocking collective under the stall policy."""
-        stall.wait(request.Test, self.policy, self._what, lambda: "every rank to join a collective")
+        stall.wait(request.Test, self.policy, self._what, lambda: "every rank to join a collective",
+                   lambda: self._gone([r for r in range(self.size) if r != self.rank]))
 
     def _what(self, tag=None) -> str:
         step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")

@@ -27,6 +27,13 @@ class StallError(RuntimeError):
     """A wait of a sync passed the stall shutdown time."""
 
 
+class PeerLeftError(StallError):
+    """A wait of a sync is for a rank that has already left (its process ended)."""
+
+
+GONE_EVERY = 0.02   # seconds between checks for departed peers while a wait lasts
+
+
 def _seconds(ours: str, horovods: str, default: float, positive_only: bool = False) -> float:
     if os.environ.get(ours):
         return float(os.environ[ours])
@@ -50,19 +57,27 @@ class Policy:
                    poll)
 
 
-def wait(done, policy: Policy, what, missing) -> None:
+def wait(done, policy: Policy, what, missing, gone=None) -> None:
     """Poll done() until it returns True. After policy.check seconds log a warning, after
     policy.shutdown raise StallError; both name what() (the tensor and the step) and
     missing() (the ranks not arrived, or a phrase when a collective cannot tell); both are
-    called only then, so a wait that ends in time formats nothing."""
+    called only then, so a wait that ends in time formats nothing. gone(), checked every
+    GONE_EVERY seconds, returns a phrase when a rank waited for has left: PeerLeftError at once."""
     if done():
         return
-    start, warned = time.monotonic(), False
+    start, warned, next_gone = time.monotonic(), False, GONE_EVERY
     while True:
         time.sleep(policy.poll)
         if done():
             return
         elapsed = time.monotonic() - start
+        if gone is not None and elapsed >= next_gone:
+            next_gone = elapsed + GONE_EVERY
+            left = gone()
+            if left:
+                raise PeerLeftError(f"zen_hvd: {what()}: {left}, so the wait can never end: a "
+                                    "rank has died, or the ranks are out of step (one ran more "
+                                    "steps or syncs than the others)")
         if policy.check > 0 and not warned and elapsed >= policy.check:
             warned = True
             log.warning("zen_hvd: %s: waited %.0f s for %s (a rank is slow, has died, or runs "

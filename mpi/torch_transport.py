@@ -18,6 +18,7 @@ transport; elsewhere the error ends the job.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import os
@@ -103,10 +104,16 @@ class TorchTransport(Transport):
                                     rank=rank, world_size=size, **kw)
             self._group = None
         super().__init__(rank, size)
+        # At exit too: a gloo thread still alive while the interpreter finalizes can abort
+        # the process when it drops its last reference to a tensor.
+        atexit.register(self.close)
 
     def close(self):
         """Destroy the group this transport made (the default group, if it initialised
         torch.distributed), so that a later transport can make another."""
+        atexit.unregister(self.close)
+        if not self._dist.is_initialized():
+            return
         try:
             self._dist.destroy_process_group(self._group)
         except (RuntimeError, ValueError, AssertionError):   # already gone with its peers

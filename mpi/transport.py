@@ -59,6 +59,7 @@ class Transport:
     name = "abstract"
     activity = "(none yet)"   # the tensor being synchronized, for errors (set by the sync)
     broken = False            # a peer was lost: the next sync builds a new transport
+    syncs = 0                 # syncs begun on this transport (set by the sync, for errors)
 
     def __init__(self, rank: int, size: int):
         self.rank = rank

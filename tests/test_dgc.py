@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import zen_hvd
 from zen_hvd import dgc
@@ -14,6 +14,8 @@ from conftest import mpirun
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 5000), ratio=st.floats(0.001, 1.0), zeros=st.floats(0.0, 0.99),
        nans=st.integers(0, 3), seed=st.integers(0, 2**31 - 1), start=st.integers(0, 1000))
+# A NaN as the sample's threshold once passed every entry, and the trim to k then took zeros.
+@example(n=128, ratio=0.5, zeros=0.75, nans=1, seed=3824, start=389)
 def test_top_k_takes_the_largest_and_never_more_than_k(n, ratio, zeros, nans, seed, start):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, generator=g) ** 3

@@ -9,14 +9,27 @@ STALL = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "3", "ZEN_HVD_STALL_CHECK_TIME_S
 
 
 @pytest.mark.parametrize("mode, expected", [
-    ("exit", ["tensor 'fault.second'", "rank 1"]),         # the survivors wait for rank 1's Push
-    ("extra_step", ["tensor 'weight'", "ranks [0, 2]"]),   # rank 1 waits for the others' Push
+    # the survivors wait for rank 1's Push; rank 1 said farewell at exit
+    ("exit", ["tensor 'fault.second' (Push): rank 1 left after 1 syncs (this rank is in sync 2)"]),
+    # rank 1 waits for the others' Push; they finished their 3 steps and left
+    ("extra_step", ["tensor 'weight' (Push): ranks [0, 2] left after 3 syncs (this rank is in sync 4)"]),
 ])
 def test_departed_or_extra_rank_ends_the_job(mode, expected):
-    proc = mpirun(3, "fault_cases.py", mode, env=STALL, timeout=240, check=False)
+    # The stall deadline is far: the farewell of the ranks that left ends the wait at once.
+    env = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "120"}
+    proc = mpirun(3, "fault_cases.py", mode, env=env, timeout=240, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert "StallError" in out and all(e in out for e in expected), out[-3000:]
+    assert "PeerLeftError" in out and all(e in out for e in expected), out[-3000:]
+    assert "returned" not in out
+
+
+def test_a_silent_rank_ends_the_job_at_the_stall_deadline():
+    # Rank 1 stays alive but stops syncing: no farewell, so the deadline ends the wait.
+    proc = mpirun(3, "fault_cases.py", "hang", env=STALL, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "StallError" in out and "tensor 'fault.second'" in out and "rank 1" in out, out[-3000:]
     assert "returned" not in out
 
 

@@ -102,7 +102,9 @@ def top_k(magnitude: torch.Tensor, k: int, sample_ratio: float, start: int = 0) 
     stride = max(1, int(1.0 / sample_ratio))
     sample = magnitude[start % stride % n::stride]
     rank = max(1, math.ceil(k * sample.numel() / n))
-    top = torch.topk(sample, min(sample.numel(), 8 * rank + 16), sorted=True).values
+    # NaN as +inf here: a NaN threshold would pass every entry, zeros included.
+    top = torch.topk(sample.nan_to_num(nan=math.inf), min(sample.numel(), 8 * rank + 16),
+                     sorted=True).values
     threshold = float(top[rank - 1])
     for _ in range(ROUNDS):
         chosen = torch.nonzero(~(magnitude < max(threshold, tiny))).reshape(-1)   # NaN passes

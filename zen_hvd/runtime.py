@@ -150,7 +150,9 @@ def agree_transport(name: str, process_set=None) -> None:
     it resolved, so ranks that would wait on different channels (transport= or
     ZEN_HVD_TRANSPORT set on some ranks only) get this error on every rank instead. (Ranks
     that first use an argument at different calls still meet in neither: the stall deadline
-    of the rank waiting in its sync ends the job.)"""
+    of the rank waiting in its sync ends the job.) The wait is under the stall deadline; once
+    it ends every rank of the set is there, so the transport's construction (MPI's blocking
+    Create_group for a process set) starts on all of them."""
     import horovod.torch as hvd
 
     ps = process_set if process_set is not None else hvd.global_process_set
@@ -159,8 +161,12 @@ def agree_transport(name: str, process_set=None) -> None:
     code = torch.tensor([select.TRANSPORTS.index(name)], dtype=torch.int64)
     # One name per process set: agreements follow one another, and a rank that joined after a
     # reset names its first one as the others do.
-    codes = hvd.allgather(code, name=f"zen_hvd.transport.{ps.process_set_id}",
-                          process_set=ps).tolist()
+    handle = hvd.allgather_async(code, name=f"zen_hvd.transport.{ps.process_set_id}",
+                                 process_set=ps)
+    stall.wait(lambda: hvd.poll(handle), stall.Policy.from_env(0.001),
+               lambda: f"the agreement on the transport ({name!r} here)",
+               lambda: "every rank's first sync (has a rank died, or does one sync less?)")
+    codes = hvd.synchronize(handle).tolist()
     if len(set(codes)) > 1:
         from .header import TensorMismatchError
 

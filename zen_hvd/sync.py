@@ -86,6 +86,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     tr = ctx.transport
     name = name if name is not None else f"sparse_allreduce.noname.{next(_noname)}"
     tr.activity = name
+    tr.syncs += 1
     chosen = auto.choose(name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()

@@ -6,12 +6,15 @@ MODE:
   exit        rank 1 calls sys.exit(1) between two syncs; the others wait for its Push.
   extra_step  rank 1 runs one optimizer step more than the others, which have finished.
   raise       rank 1 raises an uncaught error between two syncs.
+  hang        rank 1 sleeps instead of its second sync (alive, silent).
   transport   rank 1 syncs over Horovod's collectives, the others over mpi4py (the ranks'
               agreement on the transport, at its first use, raises on every rank).
-The test runs it with a short ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS and expects mpirun to exit
-non-zero with the tensor and rank 1 named on a surviving rank (or the error of rank 1 itself).
+A rank that exits says farewell to its peers, so those waiting for it raise PeerLeftError at
+once; a silent rank ends the others' wait at the (short, in the test) stall deadline. The
+test expects mpirun to exit non-zero with the tensor and the ranks named.
 """
 import sys
+import time
 
 import torch
 from torch import nn
@@ -24,11 +27,14 @@ zen_hvd.init()
 me, n = zen_hvd.rank(), zen_hvd.size()
 grad = torch.sparse_coo_tensor(torch.tensor([[me, 5]]), torch.ones(2, 3), (10, 3))
 
-if mode in ("exit", "raise"):
+if mode in ("exit", "raise", "hang"):
     zen_hvd.sparse_allreduce(grad, name="fault.first", transport=transport)
     if me == 1:
         if mode == "exit":
             sys.exit(1)
+        if mode == "hang":
+            time.sleep(200)
+            sys.exit(0)
         raise RuntimeError("rank 1 fails between syncs")
     zen_hvd.sparse_allreduce(grad, name="fault.second", transport=transport)
     print(f"rank {me}: the second sync returned without rank 1", flush=True)
