@@ -7,7 +7,7 @@
 from horovod.torch import Average, Sum  # noqa: F401  (the ops users already know)
 
 from .header import InvalidTensorError, TensorMismatchError  # noqa: F401
-from .mpi.stall import StallError  # noqa: F401
+from .mpi.stall import PeerLeftError, StallError  # noqa: F401
 from .runtime import comm_stats, init, reset_comm_stats, set_seed  # noqa: F401
 from .sync import SCHEMES, last_sync, sparse_allreduce  # noqa: F401
 
