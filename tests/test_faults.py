@@ -24,6 +24,18 @@ def test_departed_or_extra_rank_ends_the_job(mode, expected):
     assert "returned" not in out
 
 
+@pytest.mark.parametrize("transport", ["mpi4py", "horovod"])
+def test_a_second_step_without_backward_raises_on_every_rank(transport):
+    # Rank 1's extra step() would add its synchronized gradient to the others' next one.
+    proc = mpirun(3, "fault_cases.py", "step_again", transport, env=STALL, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    each = ("tensor '0.weight': ranks are out of step (rank 0: optimizer step 3 with a new "
+            "gradient, rank 1: optimizer step 3 with its last step's gradient again")
+    assert all(f"rank {r} raised: zen_hvd: {each}" in out for r in range(3)), out[-3000:]
+    assert "finished" not in out
+
+
 def test_a_silent_rank_ends_the_job_at_the_stall_deadline():
     # Rank 1 stays alive but stops syncing: no farewell, so the deadline ends the wait.
     proc = mpirun(3, "fault_cases.py", "hang", env=STALL, timeout=240, check=False)

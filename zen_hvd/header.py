@@ -1,8 +1,9 @@
 """The header every rank sends before a sync: what it is about to synchronize.
 
 One small allgather carries, per rank, the tensor's name, shape, dtype, layout, unit size,
-op, seed and scheme, any local input error, and how many units it will push to each server
-(the Push counts). Every rank then checks the same table, so a mismatch or a bad input on any
+op, seed and scheme, whether an optimizer's gradient is new since its last step (and that
+optimizer's step count, for the error), any local input error, and how many units it will
+push to each server (the Push counts). Every rank then checks the same table, so a mismatch or a bad input on any
 rank raises the same error on every rank instead of a hang or a silently wrong sum.
 """
 from __future__ import annotations
@@ -14,14 +15,19 @@ import torch
 
 from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, Layout
 
-VERSION = 1
+VERSION = 2
 MAX_DIMS = 8
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
           torch.int64, torch.int16, torch.int8, torch.uint8)
 FIELDS = ("version", "name", "ndim", *(f"dim{i}" for i in range(MAX_DIMS)), "dtype", "sparse",
-          "sparse_dim", "unit_size", "op", "seed", "scheme", "error", "error_detail", "nnz")
+          "sparse_dim", "unit_size", "op", "seed", "scheme", "fresh", "error", "error_detail", "nnz", "step")
 COL = {f: i for i, f in enumerate(FIELDS)}
 COUNTS = len(FIELDS)  # the Push counts (one per server) follow the fixed fields
+# "fresh": an optimizer's sync says 1 when a backward pass or zero_grad() reached the optimizer
+# since its last step, 0 when its gradient is the one that step synchronized already (step()
+# called again without either); a direct sync says DIRECT. Equal on every rank unless one rank
+# runs an extra step, which pairs with the others' next step.
+DIRECT = -1
 
 
 class TensorMismatchError(ValueError):
@@ -37,7 +43,9 @@ def name_code(name: str) -> int:
 
 
 def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, error: int,
-                error_detail: int, nnz: int, counts) -> np.ndarray:
+                error_detail: int, nnz: int, counts, step=None) -> np.ndarray:
+    """One rank's header row. step: None for a direct sync, else an optimizer's
+    (step count, whether its gradient is fresh)."""
     if len(layout.shape) > MAX_DIMS:
         raise ValueError(f"tensor {name!r}: at most {MAX_DIMS} dimensions are supported")
     if layout.dtype not in DTYPES:
@@ -48,6 +56,8 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
                   dtype=DTYPES.index(layout.dtype), sparse=int(layout.sparse),
                   sparse_dim=layout.sparse_dim, unit_size=layout.unit_size, op=int(op),
                   seed=seed, scheme=scheme, error=error, error_detail=error_detail, nnz=nnz,
+                  fresh=DIRECT if step is None else int(bool(step[1])),
+                  step=0 if step is None else step[0],
                   **{f"dim{i}": d for i, d in enumerate(dims)})
     for f, v in values.items():
         row[COL[f]] = v
@@ -105,6 +115,18 @@ def check_table(name: str, table: np.ndarray, scheme_names=None, gather_names=No
             "order on every rank, or pass matching name= arguments.")
     if differs([COL["version"]]):
         raise TensorMismatchError(f"{where}: ranks run different zen_hvd versions")
+    if differs([COL["fresh"]]):
+        def sync_kind(row):
+            fresh = row[COL["fresh"]]
+            return ("a direct sparse_allreduce" if fresh == DIRECT else
+                    f"optimizer step {row[COL['step']]} with "
+                    + ("a new gradient" if fresh else "its last step's gradient again (no "
+                       "backward pass or zero_grad() since)"))
+        raise TensorMismatchError(
+            f"{where}: ranks are out of step ({per_rank(sync_kind)}): a rank that calls "
+            "optimizer.step() again without a backward pass would add its old gradient to "
+            "the others' new ones. Call backward() and step() the same number of times on "
+            "every rank.")
     shape_cols = [COL["ndim"]] + [COL[f"dim{i}"] for i in range(MAX_DIMS)]
     if differs(shape_cols):
         raise TensorMismatchError(f"{where}: shape differs across ranks ("

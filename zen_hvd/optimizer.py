@@ -58,7 +58,7 @@ from horovod.torch.optimizer import _DistributedOptimizer
 from . import dgc, runtime
 from .header import TensorMismatchError
 from .mpi import select
-from .sync import SCHEMES, allreduce_units, sparse_allreduce
+from .sync import SCHEMES, allreduce_units, result
 
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 # Horovod's texts for the same two misuses (horovod/torch/optimizer.py), so users see one message.
@@ -99,9 +99,11 @@ class _ZenParam:
 
 class _Round:
     """One step's Zen syncs: a ready event per item (Zen parameter or DGC bucket), the
-    parameters arrived so far per bucket, the results, the first error."""
+    parameters arrived so far per bucket, whether the gradient is fresh (a backward pass, any
+    parameter's hook, or zero_grad() reached the optimizer), the results, the first error."""
 
-    def __init__(self, order):
+    def __init__(self, order, step):
+        self.step, self.fresh = step, False
         self.ready = {zp: threading.Event() for zp in order}
         self.arrived = {item: 0 for item in order if isinstance(item, dgc.Bucket)}
         self.touched = set()
@@ -131,7 +133,12 @@ class _ZenWorker:
         self._generation = None   # the runtime generation the settings below were made for
         self._queue = queue.SimpleQueue()
         self._thread = None
-        self.round = _Round(self.order)
+        self.steps = 0   # rounds begun: the step count the header carries
+        self.round = self._new_round()
+
+    def _new_round(self):
+        self.steps += 1
+        return _Round(self.order, self.steps)
 
     @property
     def ready(self):
@@ -186,7 +193,7 @@ class _ZenWorker:
                 worker._begin()
                 for zp in worker.order:
                     rnd.ready[zp].wait()
-                    rnd.results[zp] = worker._sync(zp)
+                    rnd.results[zp] = worker._sync(zp, rnd)
             except BaseException as e:  # re-raised by finish(), on every rank alike
                 rnd.error = e
             del worker
@@ -207,13 +214,13 @@ class _ZenWorker:
             if self._predivide != 1.0 else (self._op, 1.0, 1.0)
         self._generation = runtime.generation
 
-    def _sync(self, zp):
+    def _sync(self, zp, rnd):
         """Sync one item. A Zen parameter's dense CPU gradient scanned for rows is synchronized
         in place (returns None); otherwise returns the synchronized sparse gradient. A DGC
         bucket returns its synchronized (units, values)."""
         kw = dict(name=zp.name, op=self.op, scheme=self.scheme, transport=self.transport,
                   process_set=self.process_set, prescale_factor=self.prescale,
-                  postscale_factor=self.postscale)
+                  postscale_factor=self.postscale, step=(rnd.step, rnd.fresh))
         t0 = time.perf_counter()
         before = runtime.comm_stats() if self.profile is not None else None
         if isinstance(zp, dgc.Bucket):
@@ -244,7 +251,8 @@ class _ZenWorker:
             rows = zp.rows(grad)
             sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
                                            tuple(p.shape), is_coalesced=True, check_invariants=False)
-        return sparse_allreduce(sent, **kw)
+        layout, units, values, _ = allreduce_units(sent, **kw)
+        return result(sent, layout, units, values)
 
     def _record(self, zp, out, before, seconds):
         after = runtime.comm_stats()
@@ -280,7 +288,7 @@ class _ZenWorker:
         for zp in self.order:
             if getattr(zp, "looked_up", None) is not None:
                 zp.looked_up.clear()
-        self.round = _Round(self.order)
+        self.round = self._new_round()
         if rnd.error is not None:
             raise rnd.error
         return rnd.results
@@ -290,7 +298,7 @@ class _ZenWorker:
         if self.round.started:
             self.finish()
         else:
-            self.round = _Round(self.order)
+            self.round = self._new_round()
 
 
 class _ZenDistributedOptimizer(torch.optim.Optimizer):
@@ -339,6 +347,8 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         horovod_hook = _DistributedOptimizer._make_hook(self, p)
 
         def hook(*args):
+            if self._zen is not None:
+                self._zen.round.fresh = True   # this step follows a backward pass
             zp = self._zen_by_param.get(p) if self._zen is not None else None
             if zp is None:
                 return horovod_hook(*args)
@@ -373,6 +383,8 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=True):
         if self._handles or (self._zen is not None and self._zen.touched):
             raise AssertionError(_ZERO_GRAD_RACE)
+        if self._zen is not None:
+            self._zen.round.fresh = True   # the next step syncs cleared gradients, not old ones
         return super(self.__class__, self).zero_grad(set_to_none)
 
     def state_dict(self):

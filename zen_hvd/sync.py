@@ -57,6 +57,11 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                                                   process_set=process_set, unit=unit,
                                                   prescale_factor=prescale_factor,
                                                   postscale_factor=postscale_factor)
+    return result(tensor, layout, units, values)
+
+
+def result(tensor, layout, units, values) -> torch.Tensor:
+    """allreduce_units' output in the layout and on the device of its input `tensor`."""
     if layout.sparse:
         out = sparse_result(layout, units, values)
     elif units is None:
@@ -71,11 +76,12 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
 
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
-                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
+                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None):
     """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
     units ascending (int64 numpy) with values [K, D] (torch); or None when values is the dense
     [M, D] result. out: a dense [M, D] CPU tensor, zero outside the union's rows, that receives
-    the result in place (balanced parallelism; the other schemes copy into it)."""
+    the result in place (balanced parallelism; the other schemes copy into it). step: an
+    optimizer's (step count, whether a backward pass preceded it), for the header."""
     average, total = _op_codes()
     op = average if op is None else op
     if op not in (average, total):
@@ -96,7 +102,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     divisor = tr.size if op == average and not floating else 0
     if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
         header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                             np.zeros(tr.size, np.int64))
+                             np.zeros(tr.size, np.int64), step)
         table = exchange_headers(name, header, tr)
         units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
         info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
@@ -106,7 +112,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         cpu = widened(cpu)
         src = source(cpu, layout)
         header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
-                             np.zeros(tr.size, np.int64))
+                             np.zeros(tr.size, np.int64), step)
         target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
         units, values, info = SCHEMES[chosen].sync(
             name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
@@ -115,7 +121,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         if out is not None and target is None:
             out.copy_(values)
     else:
-        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx)
+        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step)
         if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
             factor = float(prescale_factor) * scale
             values = values * factor if factor != 1.0 else values
@@ -152,7 +158,7 @@ def exchange_headers(name, header, tr) -> np.ndarray:
 
 
 
-def _run_scheme(chosen, name, cpu, layout, op, ctx):
+def _run_scheme(chosen, name, cpu, layout, op, ctx, step):
     """Hierarchical centralization and the baselines: header round, then the scheme's run."""
     tr = ctx.transport
     units, values, error, detail = to_units(cpu, layout)
@@ -162,7 +168,7 @@ def _run_scheme(chosen, name, cpu, layout, op, ctx):
         plan.name = name
     counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
     header = make_header(name, layout, op, ctx.seed, _CODES[chosen], error, detail,
-                         0 if units is None else units.size, counts)
+                         0 if units is None else units.size, counts, step)
     table = exchange_headers(name, header, tr)
     out_units, out_values, info = impl.run(plan, table, tr)
     info = dict(info, nnz=table[:, COL["nnz"]].copy())

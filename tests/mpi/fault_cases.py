@@ -5,6 +5,9 @@
 MODE:
   exit        rank 1 calls sys.exit(1) between two syncs; the others wait for its Push.
   extra_step  rank 1 runs one optimizer step more than the others, which have finished.
+  step_again  rank 1 calls optimizer.step() twice after one backward pass, mid-training: its
+              extra step pairs with the others' next, and every rank raises the same error
+              (each prints it; the test expects it three times).
   raise       rank 1 raises an uncaught error between two syncs.
   hang        rank 1 sleeps instead of its second sync (alive, silent).
   transport   rank 1 syncs over Horovod's collectives, the others over mpi4py (the ranks'
@@ -49,6 +52,21 @@ elif mode == "extra_step":
         opt.step()
         opt.zero_grad()
     print(f"rank {me}: finished {steps} steps", flush=True)
+elif mode == "step_again":
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 3, sparse=True), nn.Linear(3, 1))
+    opt = zen_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), transport=transport)
+    try:
+        for step in range(4):
+            model(torch.tensor([me, 7])).sum().backward()
+            opt.step()
+            if me == 1 and step == 1:
+                opt.step()
+            opt.zero_grad()
+        print(f"rank {me}: finished the steps", flush=True)
+    except zen_hvd.TensorMismatchError as e:
+        print(f"rank {me} raised: {e}", flush=True)
 elif mode == "transport":
     zen_hvd.sparse_allreduce(grad, name="fault.mixed", transport="horovod" if me == 1 else "mpi4py")
     print(f"rank {me}: a sync over mixed transports returned", flush=True)
