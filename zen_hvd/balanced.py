@@ -78,10 +78,11 @@ class BalancedParallelism:
     name = "balanced"
 
     def sync(self, name, src, layout, header, ctx, scheme_names, vdtype, prescale, scale, divisor,
-             out=None):
-        """One sync of a Source. Returns (units ascending or None, values, info): with `out`
-        (a dense [M, D] numpy array, zero outside the union) the result is written there and
-        units is None; otherwise values is a new [K, D] array of the union's units."""
+             out=None, ordered=True):
+        """One sync of a Source. Returns (units or None, values, info): with `out` (a dense
+        [M, D] numpy array, zero outside the union) the result is written there and units is
+        None; otherwise values is a new [K, D] array of the union's units, ascending, or (not
+        `ordered`) in the order the servers sent them, which saves a sort and a gather."""
         tr, keys = ctx.transport, ctx.keys
         n, me, M, D = tr.size, tr.rank, layout.num_units, layout.unit_size
         idt = index_dtype(h0.server_size(M, n, 0))
@@ -154,6 +155,10 @@ class BalancedParallelism:
             units = None
             for s in range(n):
                 kernels.scatter(target, all_units[starts[s]:starts[s] + K[s]], views[s], scale, divisor)
+        elif not ordered:
+            target, units = np.empty((all_units.size, D), vdtype), all_units
+            for s in range(n):
+                kernels.scatter(target, np.arange(starts[s], starts[s] + K[s]), views[s], scale, divisor)
         else:
             order = np.argsort(all_units)
             rank_of = np.empty_like(order)

@@ -251,7 +251,9 @@ class _ZenWorker:
             rows = zp.rows(grad)
             sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
                                            tuple(p.shape), is_coalesced=True, check_invariants=False)
-        layout, units, values, _ = allreduce_units(sent, **kw)
+        # Unordered: the gradient's rows in the servers' order, marked uncoalesced (as
+        # Horovod's sparse path returns it); an optimizer adds them all the same.
+        layout, units, values, _ = allreduce_units(sent, ordered=False, **kw)
         return result(sent, layout, units, values)
 
     def _record(self, zp, out, before, seconds):
@@ -463,7 +465,7 @@ def _write_back(zp, out):
     if p.grad is None:
         p.grad = torch.zeros_like(p)
     if out._nnz():
-        p.grad.index_copy_(0, out.indices()[0].to(p.grad.device), out.values().to(p.grad.dtype))
+        p.grad.index_copy_(0, out._indices()[0].to(p.grad.device), out._values().to(p.grad.dtype))
 
 
 def _select_zen_params(opt, sparse_as_dense, sparse_params, model, embedding_rows):

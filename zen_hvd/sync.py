@@ -76,10 +76,12 @@ def result(tensor, layout, units, values) -> torch.Tensor:
 
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
-                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None):
+                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None,
+                    ordered=True):
     """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
-    units ascending (int64 numpy) with values [K, D] (torch); or None when values is the dense
-    [M, D] result. out: a dense [M, D] CPU tensor, zero outside the union's rows, that receives
+    units (int64 numpy) with values [K, D] (torch), ascending unless not `ordered` (balanced
+    parallelism then keeps the servers' order); or None when values is the dense [M, D]
+    result. out: a dense [M, D] CPU tensor, zero outside the union's rows, that receives
     the result in place (balanced parallelism; the other schemes copy into it). step: an
     optimizer's (step count, whether a backward pass preceded it), for the header."""
     average, total = _op_codes()
@@ -116,7 +118,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
         units, values, info = SCHEMES[chosen].sync(
             name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
-            scale, divisor, target)
+            scale, divisor, target, ordered)
         values = torch.from_numpy(values)
         if out is not None and target is None:
             out.copy_(values)

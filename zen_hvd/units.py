@@ -95,10 +95,12 @@ def widened(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def sparse_result(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch.Tensor:
-    """A coalesced sparse tensor of ascending unique units and their [K, D] values."""
+    """A sparse tensor of unique units and their [K, D] values: coalesced when the units are
+    ascending, else marked uncoalesced (as Horovod's sparse allreduce returns its result)."""
     indices = _delinearize(units, layout.shape[:layout.sparse_dim])
     values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
-    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=True,
+    ascending = units.size < 2 or bool((units[1:] > units[:-1]).all())
+    return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=ascending,
                                    check_invariants=False)
 
 

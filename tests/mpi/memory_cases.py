@@ -11,23 +11,12 @@ import numpy as np
 import torch
 
 import zen_hvd
+from zen_hvd.bench.memory import peak_mb, reset_peak
 
 warnings.filterwarnings("ignore", message="Sparse invariant checks")
 zen_hvd.init()
 me, n = zen_hvd.rank(), zen_hvd.size()
 M, NNZ, LIMIT_MB = 3_000_000_000, 1000, 64
-
-
-def peak_mb() -> float:
-    """This process's peak resident memory since the last reset (VmHWM), in MB."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
-
-
-def reset_peak() -> float:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return peak_mb()
 
 
 rng = np.random.default_rng(me)
