@@ -117,41 +117,17 @@ for vdt, scale, divisor in [(np.float32, 1.0, 0), (np.float64, 0.25, 0), (np.int
     launch_rows(gpu.scatter_kernel, 30, 2, d_out, cuda.to_device(rows), cuda.to_device(vals), scale, divisor)
     same(f"scatter {vdt.__name__} scale={scale} divisor={divisor}", d_out.copy_to_host(), out)
 
-# ---- the device pipeline, n workers in one process, against a float64 dense sum ----
+# ---- the device pipeline (zen_hvd.bench.gpu.device_sync), n workers, against a float64 sum ----
+from zen_hvd.bench.gpu import device_sync
 M, n, D = 3000, 3, 2
-keys = h0.derive_keys(99)
-B = h0.domain_bits(M)
 inputs = [np.sort(rng.choice(M, 200, replace=False)).astype(np.int64) for _ in range(n)]
 vals = [rng.standard_normal((200, D)).astype(np.float32) for _ in range(n)]
-pushed = [[None] * n for _ in range(n)]    # pushed[server][worker] = (positions, values) on the device
-for w in range(n):
-    order, counts, pos = hh.group_by_partition_gpu(cuda.to_device(inputs[w]), M, n, keys,
-                                                    h0.second_level_seeds(99, rank=w, k=3))
-    counts = counts.copy_to_host()
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    d_idx = cuda.to_device(np.zeros(200, np.int64))
-    d_val = cuda.to_device(np.zeros(200 * D, np.float32))
-    launch_rows(gpu.pack_kernel, 200, D, d_idx, d_val, cuda.to_device(starts[:-1]), cuda.to_device(starts[:-1] * D),
-                order, cuda.to_device(starts), pos, cuda.to_device(inputs[w]), cuda.to_device(vals[w]), False)
-    for s in range(n):
-        pushed[s][w] = (d_idx[starts[s]:starts[s + 1]], d_val[starts[s] * D:starts[s + 1] * D].reshape((int(counts[s]), D)))
-out = cuda.to_device(np.zeros((M, D), np.float32))
-for s in range(n):
-    W = (h0.server_size(M, n, s) + 63) // 64
-    d_words = cuda.to_device(np.zeros(W, np.uint64))
-    for w in range(n):
-        launch_1d(gpu.set_bits_kernel, pushed[s][w][0].shape[0], d_words, pushed[s][w][0])
-    prefix, K = gpu.word_prefix(d_words)
-    acc = cuda.to_device(np.zeros((K, D), np.float32))
-    for w in range(n):
-        launch_rows(gpu.add_part_kernel, pushed[s][w][0].shape[0], D, acc, d_words, prefix, *pushed[s][w], 1.0)
-    units = cuda.to_device(np.zeros(K, np.int64))
-    launch_1d(gpu.units_of_bitmap_kernel, W, d_words, prefix, s, n, M, B, cuda.to_device(keys), units)
-    launch_rows(gpu.scatter_kernel, K, D, out, units, acc, 1.0 / n, 0)
 ref = np.zeros((M, D))
 for u, v in zip(inputs, vals):
     ref[u] += v
-assert np.allclose(out.copy_to_host(), ref / n, atol=1e-6), "device pipeline: wrong average"
+out = device_sync(inputs, vals, M, seed=99).copy_to_host()
+assert np.allclose(out, ref / n, atol=1e-6), "device pipeline: wrong average"
+assert np.array_equal(out != 0, ref != 0), "device pipeline: rows lost or invented"
 checked.append("pipeline")
 print("CHECKED", len(checked))
 """
@@ -211,3 +187,17 @@ def test_gpu_data_path_compiles_to_ptx(cc):
     assert any("or" in op for op in atoms["set_bits_kernel"]), atoms     # the bitmap's atomic or
     # deterministic aggregation: no atomics where values are added
     assert atoms["add_part_kernel"] == {"-"} and atoms["add_slots_kernel"] == {"-"}, atoms
+
+
+def test_gpu_check_runs_in_simulator():
+    # The GPU check's own logic (scripts/gpu_check.sh on a GPU), at tiny sizes.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "zen_hvd.bench.gpu", "--simulate"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout
+    assert "GPU check on the CUDA simulator" in table and " NO" not in table, table
+    for step in ("partition", "pack", "bitmap", "popcount prefix", "aggregate", "decode", "scatter"):
+        assert f"sync step: {step}" in table, table

@@ -190,9 +190,10 @@ print("RESULT", json.dumps(out))
 
 
 def run_python(code, simulator):
-    """stdout of `python -c code`, with or without the CUDA simulator."""
+    """stdout of `python -c code`, with or without the CUDA simulator. ZEN_HVD_REAL_GPU=1
+    runs the simulator's scripts on the GPU instead (scripts/gpu_check.sh)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    if simulator:
+    if simulator and os.environ.get("ZEN_HVD_REAL_GPU") != "1":
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env=env)
