@@ -6,10 +6,11 @@ free port and broadcasts it with its address in one hvd.broadcast). If the appli
 already initialised torch.distributed with the same ranks, a gloo group is made beside its
 default group instead. The NCCL backend takes the same calls for CUDA tensors (the GPU path).
 
-Push and Pull: every message travels as an 8-byte length followed by its bytes; the sender
-posts both at once, the receiver posts the payload's irecv once the length is in. So a round
-costs one small and one data message per peer, no collective. Tags keep Push, Pull and the
-two parts of a message apart.
+Push and Pull: a message's first part is its 8-byte length and up to EAGER - 8 of its bytes,
+received into an EAGER-byte buffer (gloo takes a message shorter than the buffer it lands in);
+a longer message sends its rest at once as a second part, whose irecv the receiver posts once
+it has read the length. So a round is one message per peer, no collective, and a second only
+for messages over EAGER bytes. Tags keep Push, Pull and the two parts of a message apart.
 
 A failed wait (a peer closed or reset its connection, or gloo's timeout, the stall shutdown
 time, passed) raises HorovodInternalError naming the tensor, as Horovod's own collectives do
@@ -30,7 +31,8 @@ import torch
 from . import stall
 from .transport import Transport, as_tensor, split
 
-PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # lengths travel on tag, payloads on tag + 1
+PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # first parts travel on tag, the rest on tag + 1
+EAGER = 1 << 18   # bytes of a message's first part, length included
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
 
 
@@ -69,6 +71,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _first_part(payload: torch.Tensor) -> torch.Tensor:
+    """[int64 length | the payload's first EAGER - 8 bytes]."""
+    head = torch.empty(8 + min(payload.numel(), EAGER - 8), dtype=torch.uint8)
+    head[:8].view(torch.int64)[0] = payload.numel()
+    head[8:] = payload[:EAGER - 8]
+    return head
 
 
 class TorchTransport(Transport):
@@ -122,25 +132,49 @@ class TorchTransport(Transport):
     # -- point to point ------------------------------------------------------------------
     @_peer_loss
     def _exchange(self, sends, tag):
-        """sends[r] (a uint8 tensor) goes to rank r; returns the received parts as views of one
-        buffer (the part from this rank is empty)."""
-        dist, me, g = self._dist, self.rank, self._group
+        """sends[r] (a uint8 numpy buffer) goes to rank r; returns the received parts (the part
+        from this rank is empty)."""
+        me = self.rank
         peers = [r for r in range(self.size) if r != me]
-        sends = [as_tensor(b) for b in sends]
-        lens_out = {r: torch.tensor([sends[r].numel()], dtype=torch.int64) for r in peers}
-        lens_in = {r: torch.empty(1, dtype=torch.int64) for r in peers}
-        reqs = [dist.irecv(lens_in[r], r, group=g, tag=tag) for r in peers]
-        reqs += [dist.isend(lens_out[r], r, group=g, tag=tag) for r in peers]
-        reqs += [dist.isend(sends[r], r, group=g, tag=tag + 1) for r in peers if sends[r].numel()]
-        for q in reqs[:len(peers)]:
+        firsts = {r: self._first_recv(r, tag) for r in peers}
+        heads, sent = {}, []   # one first part per distinct buffer (Pull sends one to every peer)
+        for r in peers:
+            payload = as_tensor(sends[r])
+            if id(sends[r]) not in heads:
+                heads[id(sends[r])] = _first_part(payload)
+            sent += self._send(payload, heads[id(sends[r])], r, tag)
+        parts, rests = [np.zeros(0, np.uint8)] * self.size, []
+        for r in peers:
+            parts[r] = self._message(*firsts[r], r, tag, rests)
+        for q in rests + sent:
             q.wait()
-        counts = [0 if r == me else int(lens_in[r][0]) for r in range(self.size)]
-        recv = torch.empty(sum(counts), dtype=torch.uint8)
-        parts = split(recv, counts)
-        reqs += [dist.irecv(parts[r], r, group=g, tag=tag + 1) for r in peers if counts[r]]
-        for q in reqs[len(peers):]:
-            q.wait()
-        return split(recv.numpy(), counts)
+        return parts
+
+    def _first_recv(self, peer, tag):
+        """(buffer, request) receiving a message's first part from peer."""
+        first = torch.empty(EAGER, dtype=torch.uint8)
+        return first, self._dist.irecv(first, peer, group=self._group, tag=tag)
+
+    def _send(self, payload, head, peer, tag):
+        """The requests that send one message: its first part `head` (_first_part) and, past
+        EAGER bytes, its rest."""
+        reqs = [self._dist.isend(head, peer, group=self._group, tag=tag)]
+        if payload.numel() > EAGER - 8:
+            reqs.append(self._dist.isend(payload[EAGER - 8:], peer, group=self._group, tag=tag + 1))
+        return reqs
+
+    def _message(self, first, request, peer, tag, rests):
+        """The message whose first part `request` receives into `first`, as a numpy buffer;
+        the irecv of its rest, if any, is appended to `rests` (the buffer is full once they
+        complete)."""
+        request.wait()
+        length = int(first[:8].view(torch.int64)[0])
+        if length <= EAGER - 8:
+            return first[8:8 + length].numpy()
+        whole = torch.empty(length, dtype=torch.uint8)
+        whole[:EAGER - 8] = first[8:]
+        rests.append(self._dist.irecv(whole[EAGER - 8:], peer, group=self._group, tag=tag + 1))
+        return whole.numpy()
 
     def _push(self, send, send_counts):
         mine = split(send, send_counts)
@@ -177,21 +211,14 @@ class TorchTransport(Transport):
     def _swap(self, send, peer, receive):
         if peer is None:
             return None
-        dist, g = self._dist, self._group
-        reqs, length = [], torch.tensor([0 if send is None else send.size], dtype=torch.int64)
+        first = self._first_recv(peer, STEP_TAG) if receive else None
+        sent = []
         if send is not None:
-            reqs.append(dist.isend(length, peer, group=g, tag=STEP_TAG))
-            payload = as_tensor(send)   # held until the sends complete
-            if send.size:
-                reqs.append(dist.isend(payload, peer, group=g, tag=STEP_TAG + 1))
-        got = None
+            payload = as_tensor(send)   # held by its requests until the sends complete
+            sent = self._send(payload, _first_part(payload), peer, STEP_TAG)
+        got, rests = None, []
         if receive:
-            n_in = torch.empty(1, dtype=torch.int64)
-            dist.irecv(n_in, peer, group=g, tag=STEP_TAG).wait()
-            got = torch.empty(int(n_in[0]), dtype=torch.uint8)
-            if got.numel():
-                dist.irecv(got, peer, group=g, tag=STEP_TAG + 1).wait()
-            got = got.numpy()
-        for q in reqs:
+            got = self._message(*first, peer, STEP_TAG, rests)
+        for q in rests + sent:
             q.wait()
         return got

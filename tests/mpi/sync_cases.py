@@ -99,6 +99,9 @@ one_empty[n - 1] = empty(400, 8)
 check("one_rank_empty", one_empty)
 check("average", rows(800, 8, 0.05, 0.5, 0.5, 6), op=zen_hvd.Average)
 check("float64", rows(800, 3, 0.05, 0.5, 0.5, 7, np.float64), rtol=1e-12)
+# messages of hundreds of KB: past the torch transport's first part (EAGER bytes), its rest
+for scheme in ("balanced", "hierarchical", "agsparse"):
+    check(f"large_{scheme}", rows(60_000, 16, 0.3, 0.5, 0.0, 10), scheme=scheme)
 # element-sparse 1-D and 3-D, uncoalesced duplicates (summed, not dropped)
 u, v = workload(10_000, 1, 0.01, 0.5, 1.0, 8)
 check("element_1d", [make_sparse(a, b, (10_000,)) for a, b in zip(u, v)])
