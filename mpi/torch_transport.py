@@ -56,7 +56,8 @@ def _peer_loss(method):
 
 def _own_address() -> str:
     """This host's address as peers reach it: ZEN_HVD_RENDEZVOUS_ADDR, else the address of the
-    interface that routes outward, else the host name's address."""
+    interface that routes outward, else (no default route, as on a private cluster network)
+    the first non-loopback interface's address, else the host name's address."""
     if os.environ.get(ADDR_VAR):
         return os.environ[ADDR_VAR]
     try:
@@ -64,7 +65,51 @@ def _own_address() -> str:
             s.connect(("10.254.254.254", 1))   # no packet is sent: only picks the route
             return s.getsockname()[0]
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
+        return _interface_address() or socket.gethostbyname(socket.gethostname())
+
+
+def _interface_address() -> "str | None":
+    """The IPv4 address of the first interface other than loopback that has one."""
+    return next((addr for name, addr in _interfaces() if name != "lo"), None)
+
+
+def _interfaces() -> list:
+    """(name, IPv4 address) of this host's interfaces that have one (Linux; else none)."""
+    try:
+        import fcntl
+        import struct
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:   # SIOCGIFADDR: the address sits at bytes 20..24 of the ifreq
+                ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            found.append((name, socket.inet_ntoa(ifreq[20:24])))
+    return found
+
+
+def _pin_gloo_interface(rendezvous: str) -> None:
+    """Gloo tells its peers the address of this host's name, unless GLOO_SOCKET_IFNAME names an
+    interface; where the name resolves to loopback (a common default), peers on other hosts
+    cannot connect. Then pin gloo to the interface that routes to the rendezvous address."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or rendezvous.startswith("127."):
+        return
+    try:
+        if not socket.gethostbyname(socket.gethostname()).startswith("127."):
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((rendezvous, 1))   # no packet is sent: only picks the route
+            mine = s.getsockname()[0]
+    except OSError:
+        return
+    name = next((name for name, addr in _interfaces() if addr == mine), None)
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _free_port() -> int:
@@ -110,6 +155,7 @@ class TorchTransport(Transport):
             # Every wait of the group ends after the stall shutdown time (stall.py).
             shutdown = stall.Policy.from_env(0.0).shutdown
             kw = dict(timeout=datetime.timedelta(seconds=shutdown)) if shutdown > 0 else {}
+            _pin_gloo_interface(addr)
             dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
                                     rank=rank, world_size=size, **kw)
             self._group = None
