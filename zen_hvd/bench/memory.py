@@ -5,8 +5,8 @@
 Starts itself under mpirun with --ranks ranks when launched plainly. For each table of M rows
 (D = 1 column, float32) and each number of non-zeros per rank (distinct random rows), it syncs
 once with every sparse scheme and prints the growth of each rank's peak resident memory during
-that sync (VmHWM, reset before the sync through /proc/self/clear_refs; the slowest-growing and
-the largest rank), next to the input's own size (nnz x (8 B index + 4 B value)). The result of
+that sync (VmHWM, reset before the sync through /proc/self/clear_refs; the least and the most
+over the ranks), next to the input's own size (nnz x (8 B index + 4 B value)). The result of
 every scheme is checked against the allgather baseline's.
 """
 from __future__ import annotations
