@@ -152,6 +152,24 @@ def add_slots(acc, slots, values, prescale):
             acc[slots[i]] += prescale * values[i]
 
 
+@numba.njit(cache=True, nogil=True)
+def scale_rows(acc, scale, divisor):
+    """The aggregate's last step, in place: acc * scale (floats; nothing when 1) or acc / divisor
+    truncated toward zero (integers averaged: divisor > 0). Done once by the server, on 1/n
+    of the union, so that the workers receive the result itself."""
+    K, D = acc.shape
+    if divisor > 0:
+        for i in range(K):
+            for d in range(D):
+                v = acc[i, d]
+                q = abs(v) // divisor
+                acc[i, d] = q if v >= 0 else -q
+    elif scale != 1.0:
+        for i in range(K):
+            for d in range(D):
+                acc[i, d] = acc[i, d] * scale
+
+
 # ---- 3. decode and scatter (worker) --------------------------------------------------------
 
 @numba.njit(cache=True, nogil=True)

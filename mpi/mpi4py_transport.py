@@ -2,7 +2,8 @@
 
 Push and Pull: one Isend per peer, then a matched probe (Mprobe) per incoming message gives its
 size; all incoming messages land in one receive buffer allocated once their sizes are known.
-So a round costs one message per peer, and no size exchange. The collectives (Alltoallv,
+So a round costs one message per peer, and no size exchange. pull_joined receives each
+message where its body belongs, so the bodies end up back to back without a copy. The collectives (Alltoallv,
 Allgatherv, Allgather, Allreduce) serve the baselines and control values. Every wait (probes,
 sends, the collectives in their non-blocking form) polls under the stall policy (stall.py): a
 dead or departed peer ends the wait with an error naming the tensor and the missing ranks.
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import Transport, displacements, split
+from .transport import Transport, body_of, displacements, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
@@ -159,6 +160,30 @@ class Mpi4pyTransport(Transport):
         parts = self._exchange([send] * self.size, PULL_TAG)
         parts[self.rank] = send
         return parts
+
+    def _pull_joined(self, send, body_nbytes):
+        """The bodies received in place: message r is received where body r starts, right
+        after body r - 1, so its tail lands where body r + 1 will go; the tail is copied out
+        before the next receive overwrites it. No pass over the bodies besides MPI's own."""
+        MPI, comm, me = self._MPI, self.comm, self.rank
+        reqs = [(r, comm.Isend([send, MPI.BYTE], dest=r, tag=PULL_TAG)) for r in range(self.size) if r != me]
+        msgs, counts = self._probe([r for r in range(self.size) if r != me], PULL_TAG)
+        counts[me] = send.size
+        buf = np.empty(sum(counts), np.uint8)
+        off, tails = 0, []
+        for r in range(self.size):
+            message = buf[off:off + counts[r]]
+            if r == me:
+                b = body_of(send, body_nbytes)
+                message[:b] = send[:b]
+                tails.append(send[pad8(b):])
+            else:
+                msgs[r].Recv([message, MPI.BYTE])
+                b = body_of(message, body_nbytes)
+                tails.append(message[pad8(b):].copy())
+            off += b
+        self._wait(reqs)
+        return (buf[:off], tails), sum(counts) - send.size
 
     def _alltoallv(self, send, send_counts, recv_counts):
         recv = torch.empty(sum(recv_counts), dtype=torch.uint8)

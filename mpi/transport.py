@@ -17,7 +17,10 @@ point-to-point where the transport allows it, and the receiver learns each messa
 the message itself (a matched probe, or a length sent with it), so no round is spent on sizes:
 
 - push(send, send_counts): part r of `send` goes to rank r; returns the n parts received;
-- pull(send): `send` goes to every other rank; returns the n parts received.
+- pull(send): `send` goes to every other rank; returns the n parts received;
+- pull_joined(send, body_nbytes): a pull of messages laid out [body][pad to 8][tail] whose
+  bodies are wanted back to back in one buffer (balanced parallelism's aggregated values: the
+  result without another copy); returns (bodies, tails).
 Both take and return flat uint8 numpy arrays (the data path works on numpy views of them), a
 list of n parts, part `rank` being this rank's own (not sent). The first
 `control` bytes of every part (a header) are counted as control bytes, the rest as data.
@@ -132,6 +135,26 @@ class Transport:
         self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
         return parts
 
+    def pull_joined(self, send: np.ndarray, body_nbytes, control: int = 0):
+        """A pull of messages [body][pad to 8][tail], the tail ending in an int64 from which
+        body_nbytes(that int64) gives the body's length. Returns (bodies, tails): one uint8
+        buffer holding every rank's body in rank order, and each rank's tail (from the next
+        multiple of 8 after its body). A message too short for its int64, or whose body would
+        not fit, comes back whole as its tail with an empty body (the caller's size checks
+        then name it). Here: a pull, then the bodies copied together; transports that can
+        receive in place override _pull_joined."""
+        assert send.dtype == np.uint8
+        if self.size == 1:
+            got = _joined([send], body_nbytes)
+        else:
+            got, received = self._pull_joined(send, body_nbytes)
+            self._count(send.size * (self.size - 1), received, control)
+        return got
+
+    def _pull_joined(self, send, body_nbytes):
+        parts = self._pull(send)
+        return _joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
+
     def _count(self, sent: int, received: int, control: int) -> None:
         """Counts one point-to-point round: `control` header bytes per message, rest data."""
         peers = self.size - 1
@@ -184,6 +207,31 @@ def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A uint8 numpy buffer as a torch tensor sharing its memory (numpy gives empty arrays a
     stride of 0, which torch then refuses to view as another dtype)."""
     return torch.from_numpy(a) if a.size else torch.zeros(0, dtype=torch.uint8)
+
+
+def body_of(message: np.ndarray, body_nbytes) -> int:
+    """The body length of one [body][pad to 8][tail] message (pull_joined), or 0 when the
+    message is too short for its closing int64 or for the body it announces."""
+    if message.size < 8:
+        return 0
+    b = int(body_nbytes(int(message[-8:].view(np.int64)[0])))
+    return b if 0 <= b and pad8(b) + 8 <= message.size else 0
+
+
+def _joined(parts, body_nbytes):
+    lengths = [body_of(p, body_nbytes) for p in parts]
+    bodies = np.empty(sum(lengths), np.uint8)
+    off, tails = 0, []
+    for p, b in zip(parts, lengths):
+        bodies[off:off + b] = p[:b]
+        tails.append(p[pad8(b):].copy())   # copied: 8-aligned whatever the buffer it came in
+        off += b
+    return bodies, tails
+
+
+def pad8(nbytes: int) -> int:
+    """nbytes rounded up to a multiple of 8 (every part of a message starts 8-aligned)."""
+    return (int(nbytes) + 7) & ~7
 
 
 def split(buf, counts) -> list:

@@ -2,7 +2,8 @@
 
 Every rank is a worker and a server. With h0 (first-level hash, a keyed bijection pi of the M
 units, the same on every rank) unit u belongs to server p = pi(u) mod n at bit j = pi(u) div n.
-A sync is two point-to-point rounds and three passes over the values (cuda_kernels/data_path):
+A sync is two point-to-point rounds and at most three passes over the values
+(cuda_kernels/data_path), two when the result may stay in the servers' order:
   1. partition and pack (pass 1): the worker groups its units by server (a fused h0 + counting
      placement on the CPU, hierarchical hashing on the GPU) and writes each server's positions j
      and values straight into that server's part of the Push buffer;
@@ -12,13 +13,18 @@ A sync is two point-to-point rounds and three passes over the values (cuda_kerne
   3. aggregate (pass 2): server p builds the hash bitmap of I'_p over I_p from the received
      positions and adds the workers' values in rank order 0..n-1 (so every run computes the
      same bits) straight into the Pull buffer, at each unit's rank in the bitmap; the
-     prescale factor rides on this addition. When the received positions take fewer bytes
+     prescale factor rides on this addition, and the postscale factor (Average's 1/n folded
+     in) is applied here, once, to server p's 1/n of the union. When the received positions take fewer bytes
      than the bitmap, the union is found by sorting them instead (memory follows nnz, not
      M / n: a 3e9-row table with a thousand non-zeros costs kilobytes);
-  4. Pull (round 2, Algorithm 2): server p sends every worker [int64 tag = 2 K + format]
-     [hash bitmap of I'_p, or its K positions when those take fewer bytes][K x D values];
-  5. decode and scatter (pass 3): bit j of server p is unit pi^-1(j n + p); the values, times
-     the postscale factor (Average's 1/n folded in), go straight into the output.
+  4. Pull (round 2, Algorithm 2): server p sends every worker [K x D values][pad to 8]
+     [hash bitmap of I'_p, or its K positions when those take fewer bytes][int64 tag =
+     2 K + format]; the worker receives each message where its values follow the previous
+     server's (Transport.pull_joined), so the K = |I'| values of the result arrive back to
+     back, already final;
+  5. decode (pass 3 only for an ordered or dense result): bit j of server p is unit
+     pi^-1(j n + p). A result in the servers' order (the optimizer's) is the received values
+     themselves; an ascending one is one gather; a dense one, one scatter into the output.
 Bytes received per worker (data bytes, exact besides <= 7 bytes of alignment padding per part;
 the headers are counted as control bytes):
   Push: sum over other workers i of |I_i^p| (index bytes + D value bytes);
@@ -122,59 +128,53 @@ class BalancedParallelism:
         if malformed:
             pull = np.array([_MALFORMED], np.int64).view(np.uint8)
         else:
-            pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale)
+            pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale,
+                                   scale, divisor)
 
-        # 4. Pull (round 2)
-        pulled = tr.pull(pull)
-        tags = [int(p[:8].view(np.int64)[0]) if p.size >= 8 else _MALFORMED for p in pulled]
+        # 4. Pull (round 2): the aggregated values of every server land back to back
+        bodies, tails = tr.pull_joined(pull, lambda tag: (tag >> 1) * vsz if tag >= 0 else 0)
+        tags = [int(t[-8:].view(np.int64)[0]) if t.size >= 8 else _MALFORMED for t in tails]
         if _MALFORMED in tags:
             bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
             raise InvalidTensorError(
                 f"zen_hvd: tensor {name!r}: servers {bad} received a Push message whose size "
                 "does not match its header (a peer sent a different tensor or a corrupt message)")
 
-        # 5. decode and scatter (pass 3)
+        # 5. decode (pass 3: the values are already in place, scaled by their server)
         B = h0.domain_bits(M)
-        K = np.array([t >> 1 for t in tags], np.int64)
-        starts = np.cumsum(K) - K
-        all_units = np.empty(int(K.sum()), np.int64)
-        views = []
-        for s, (b, t) in enumerate(zip(pulled, tags)):
-            nb = (h0.server_size(M, n, s) + 63) // 64 * 8 if t & 1 == BITMAP else pad8(K[s] * isz)
-            if b.size != 8 + nb + pad8(K[s] * vsz):
-                raise InvalidTensorError(f"zen_hvd: tensor {name!r}: the Pull message of server {s} "
-                                         f"has {b.size} bytes, its tag says {8 + nb + pad8(K[s] * vsz)}")
-            dst = all_units[starts[s]:starts[s] + K[s]]
+        K = [t >> 1 for t in tags]
+        all_units = np.empty(sum(K), np.int64)
+        start = 0
+        for s, (tail, t, k) in enumerate(zip(tails, tags, K)):
+            nb = (h0.server_size(M, n, s) + 63) // 64 * 8 if t & 1 == BITMAP else pad8(k * isz)
+            if tail.size != nb + 8:
+                raise InvalidTensorError(
+                    f"zen_hvd: tensor {name!r}: the Pull message of server {s} does not have the "
+                    f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
+            dst = all_units[start:start + k]
             if t & 1 == BITMAP:
-                kernels.units_of_bitmap(b[8:8 + nb].view(np.uint64), s, n, M, B, keys, dst)
+                kernels.units_of_bitmap(tail[:nb].view(np.uint64), s, n, M, B, keys, dst)
             else:
-                kernels.units_of_positions(b[8:8 + K[s] * isz].view(idt), s, n, M, B, keys, dst)
-            views.append(b[8 + nb:8 + nb + K[s] * vsz].view(vdtype).reshape(K[s], D))
+                kernels.units_of_positions(tail[:k * isz].view(idt), s, n, M, B, keys, dst)
+            start += k
+        values = bodies.view(vdtype).reshape(all_units.size, D)
         if out is not None or not layout.sparse:
-            target = out if out is not None else np.zeros((M, D), vdtype)
-            units = None
-            for s in range(n):
-                kernels.scatter(target, all_units[starts[s]:starts[s] + K[s]], views[s], scale, divisor)
+            target, units = out if out is not None else np.zeros((M, D), vdtype), None
+            kernels.scatter(target, all_units, values, 1.0, 0)
         elif not ordered:
-            target, units = np.empty((all_units.size, D), vdtype), all_units
-            for s in range(n):
-                kernels.scatter(target, np.arange(starts[s], starts[s] + K[s]), views[s], scale, divisor)
+            target, units = values, all_units
         else:
             order = np.argsort(all_units)
-            rank_of = np.empty_like(order)
-            rank_of[order] = np.arange(order.size)
-            target = np.empty((order.size, D), vdtype)
-            for s in range(n):
-                kernels.scatter(target, rank_of[starts[s]:starts[s] + K[s]], views[s], scale, divisor)
-            units = all_units[order]
-        info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=K, union_size=int(K.sum()),
+            target, units = np.take(values, order, axis=0), all_units[order]
+        info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=np.array(K, np.int64),
+                    union_size=int(all_units.size),
                     nnz=table[:, COL["nnz"]])
         return units, target, info
 
     @staticmethod
-    def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale):
-        """The Pull buffer of server me: tag, hash bitmap (or positions), values summed in rank
-        order at their slots."""
+    def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor):
+        """The Pull buffer of server me: [values summed in rank order at their slots, then
+        scaled][pad to 8][hash bitmap or positions][int64 tag]."""
         isz, vsz = idt.itemsize, D * vdtype.itemsize
         positions, values = [], []
         for b, k in zip(parts, from_worker):
@@ -185,38 +185,43 @@ class BalancedParallelism:
         if nb_bitmap > pad8(sum(j.size for j in positions) * isz):
             # Positions are fewer bytes than the bitmap even before duplicates merge: find the
             # union by sorting them, so memory follows nnz and not M / n.
-            return _aggregate_sorted(positions, values, idt, vdtype, D, prescale)
+            return _aggregate_sorted(positions, values, idt, vdtype, D, prescale, scale, divisor)
         words = np.zeros(nb_bitmap // 8, np.uint64)
         for j in positions:
             kernels.set_bits(words, j)
         prefix, K = kernels.word_prefix(words)                 # K = |I'_me|
         fmt = BITMAP if words.nbytes <= pad8(K * isz) else POSITIONS
         nb = words.nbytes if fmt == BITMAP else pad8(K * isz)
-        pull = b = np.zeros(8 + nb + pad8(K * vsz), np.uint8)
-        b[:8].view(np.int64)[0] = 2 * K + fmt
+        pull, acc, index = _pull_buffer(K, nb, fmt, vdtype, D)
         if fmt == BITMAP:
-            b[8:8 + nb].view(np.uint64)[:] = words
+            index.view(np.uint64)[:] = words
         else:
             tmp = np.empty(K, np.int64)
             kernels.bitmap_positions(words, tmp)
-            b[8:8 + K * isz].view(idt)[:] = tmp
-        acc = b[8 + nb:8 + nb + K * vsz].view(vdtype).reshape(K, D)
+            index[:K * isz].view(idt)[:] = tmp
         for j, v in zip(positions, values):                    # rank order 0..n-1
             kernels.add_part(acc, words, prefix, j, v, prescale)
+        kernels.scale_rows(acc, scale, divisor)
         return pull
 
 
-def _aggregate_sorted(positions, values, idt, vdtype, D, prescale):
+def _pull_buffer(K, nb, fmt, vdtype, D):
+    """A zeroed Pull buffer for K units: (buffer, its [K, D] values view, its index part)."""
+    vb = K * D * vdtype.itemsize
+    pull = np.zeros(pad8(vb) + nb + 8, np.uint8)
+    pull[-8:].view(np.int64)[0] = 2 * K + fmt
+    return pull, pull[:vb].view(vdtype).reshape(K, D), pull[pad8(vb):pad8(vb) + nb]
+
+
+def _aggregate_sorted(positions, values, idt, vdtype, D, prescale, scale, divisor):
     """The Pull buffer in the positions format, the union found by a sort: O(nnz) memory."""
     union = sorted_unique(np.concatenate(positions)) if positions else np.zeros(0, np.int64)
-    K, isz, vsz = union.size, idt.itemsize, D * vdtype.itemsize
-    pull = b = np.zeros(8 + pad8(K * isz) + pad8(K * vsz), np.uint8)
-    b[:8].view(np.int64)[0] = 2 * K + POSITIONS
-    b[8:8 + K * isz].view(idt)[:] = union
-    v0 = 8 + pad8(K * isz)
-    acc = b[v0:v0 + K * vsz].view(vdtype).reshape(K, D)
+    K, isz = union.size, idt.itemsize
+    pull, acc, index = _pull_buffer(K, pad8(K * isz), POSITIONS, vdtype, D)
+    index[:K * isz].view(idt)[:] = union
     for j, v in zip(positions, values):                        # rank order 0..n-1
         kernels.add_slots(acc, np.searchsorted(union, j), v, prescale)
+    kernels.scale_rows(acc, scale, divisor)
     return pull
 
 

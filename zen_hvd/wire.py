@@ -12,15 +12,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .mpi.transport import pad8  # noqa: F401  (nbytes rounded up to a multiple of 8)
+
 
 # How a set of units travels: its positions (COO indices), a bitmap, or dense (all units'
 # values, no index). One numbering for every scheme's tag.
 POSITIONS, BITMAP, DENSE = 0, 1, 2
-
-
-def pad8(nbytes: int) -> int:
-    """nbytes rounded up to a multiple of 8."""
-    return (int(nbytes) + 7) & ~7
 
 
 def index_dtype(bound: int) -> np.dtype:
