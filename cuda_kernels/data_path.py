@@ -194,24 +194,11 @@ def units_of_positions(positions, p, n, M, B, keys, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def scatter(out, rows, values, scale, divisor):
-    """out[rows[i]] = values[i] * scale (floats) or values[i] / divisor truncated toward zero
-    (integers averaged: divisor > 0). One loop per case, so the inner loop stays branch-free."""
+def scatter(out, rows, values):
+    """out[rows[i]] = values[i]: the received rows into a dense output (already scaled by
+    their server, scale_rows)."""
     D = values.shape[1]
-    if divisor > 0:
-        for i in range(rows.size):
-            r = rows[i]
-            for d in range(D):
-                v = values[i, d]
-                q = abs(v) // divisor
-                out[r, d] = q if v >= 0 else -q
-    elif scale == 1.0:
-        for i in range(rows.size):
-            r = rows[i]
-            for d in range(D):
-                out[r, d] = values[i, d]
-    else:
-        for i in range(rows.size):
-            r = rows[i]
-            for d in range(D):
-                out[r, d] = values[i, d] * scale
+    for i in range(rows.size):
+        r = rows[i]
+        for d in range(D):
+            out[r, d] = values[i, d]

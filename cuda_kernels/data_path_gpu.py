@@ -11,10 +11,10 @@ buffer layout, so the device path and the host path produce the same bytes:
        add_slots      straight into the Pull buffer at the unit's slot. Within one worker's part
                       the positions are distinct, so no two threads add to one element and the
                       sum's order is the rank order on every run (no float atomics);
+       scale_rows     the postscale and Average's 1/n, once, on the server's 1/n of the union;
     3. units_of_bitmap, bitmap_positions
                       worker: decode the bitmap through the inverse bijection (Section 3.3);
-       scatter        each server's aggregated values, times the postscale factor, into the
-                      output rows.
+       scatter        each server's values into the output rows.
 
 Element kernels run one thread per (entry, column): thread t handles entry t // D, column
 t % D. Arrays are numba device arrays or anything with __cuda_array_interface__ (torch CUDA
@@ -137,6 +137,22 @@ def add_slots_kernel(acc, slots, values, prescale):
             acc[slots[i], d] += prescale * values[i, d]
 
 
+@cuda.jit
+def scale_rows_kernel(acc, scale, divisor):
+    """acc * scale in place (floats), or acc / divisor truncated toward zero (integers
+    averaged: divisor > 0): the aggregate's last step, once per server."""
+    t = cuda.grid(1)
+    K, D = acc.shape
+    if t < K * D:
+        i, d = t // D, t % D
+        v = acc[i, d]
+        if divisor > 0:
+            q = abs(v) // divisor
+            acc[i, d] = q if v >= 0 else -q
+        elif scale != 1.0:
+            acc[i, d] = v * scale
+
+
 # ---- 3. decode and scatter (worker) --------------------------------------------------------
 
 @cuda.jit
@@ -170,22 +186,13 @@ def bitmap_positions_kernel(words, prefix, out):
 
 
 @cuda.jit
-def scatter_kernel(out, rows, values, scale, divisor):
-    """out[rows[i]] = values[i] * scale (floats), or values[i] / divisor truncated toward zero
-    (integers averaged: divisor > 0)."""
+def scatter_kernel(out, rows, values):
+    """out[rows[i]] = values[i] (the server has scaled them: scale_rows_kernel)."""
     t = cuda.grid(1)
     D = values.shape[1]
-    if t >= rows.size * D:
-        return
-    i, d = t // D, t % D
-    v = values[i, d]
-    if divisor > 0:
-        q = abs(v) // divisor
-        out[rows[i], d] = q if v >= 0 else -q
-    elif scale == 1.0:
-        out[rows[i], d] = v
-    else:
-        out[rows[i], d] = v * scale
+    if t < rows.size * D:
+        i, d = t // D, t % D
+        out[rows[i], d] = values[i, d]
 
 
 # ---- launches ------------------------------------------------------------------------------

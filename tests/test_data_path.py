@@ -86,12 +86,20 @@ def test_units_of_bitmap_and_positions_invert_h0(M, n, seed):
     np.testing.assert_array_equal(b, ref)
 
 
-def test_scatter_scales_floats_and_truncates_integer_averages():
+def test_scale_rows_scales_floats_and_truncates_integer_averages_then_scatter_places_them():
     vals = np.array([[7, -7], [5, -1]], np.int64)
+    acc = vals.copy()
+    k.scale_rows(acc, 1.0, 3)
     out = np.zeros((4, 2), np.int64)
-    k.scatter(out, np.array([3, 0]), vals, 1.0, 3)
+    k.scatter(out, np.array([3, 0]), acc)
     ref = torch.from_numpy(vals).div(3, rounding_mode="trunc").numpy()
     np.testing.assert_array_equal(out[[3, 0]], ref)
+    np.testing.assert_array_equal(out[[1, 2]], 0)
+    acc = vals.astype(np.float32)
+    k.scale_rows(acc, 0.25, 0)
     f = np.zeros((2, 2), np.float32)
-    k.scatter(f, np.array([1, 0]), vals.astype(np.float32), 0.25, 0)
+    k.scatter(f, np.array([1, 0]), acc)
     np.testing.assert_array_equal(f, np.array([[1.25, -0.25], [1.75, -1.75]], np.float32))
+    same = vals.astype(np.float64)
+    k.scale_rows(same, 1.0, 0)
+    np.testing.assert_array_equal(same, vals)

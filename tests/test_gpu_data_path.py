@@ -111,11 +111,16 @@ for M, n in [(1000, 3), (2**40 + 5, 4), (7, 1)]:
 for vdt, scale, divisor in [(np.float32, 1.0, 0), (np.float64, 0.25, 0), (np.int64, 1.0, 3)]:
     vals = (rng.standard_normal((30, 2)) * 10).astype(vdt)
     rows = rng.choice(100, 30, replace=False).astype(np.int64)
+    acc = vals.copy()
+    cpu.scale_rows(acc, scale, divisor)
+    d_acc = cuda.to_device(vals)
+    launch_rows(gpu.scale_rows_kernel, 30, 2, d_acc, scale, divisor)
+    same(f"scale_rows {vdt.__name__} scale={scale} divisor={divisor}", d_acc.copy_to_host(), acc)
     out = np.zeros((100, 2), vdt)
-    cpu.scatter(out, rows, vals, scale, divisor)
+    cpu.scatter(out, rows, acc)
     d_out = cuda.to_device(np.zeros((100, 2), vdt))
-    launch_rows(gpu.scatter_kernel, 30, 2, d_out, cuda.to_device(rows), cuda.to_device(vals), scale, divisor)
-    same(f"scatter {vdt.__name__} scale={scale} divisor={divisor}", d_out.copy_to_host(), out)
+    launch_rows(gpu.scatter_kernel, 30, 2, d_out, cuda.to_device(rows), d_acc)
+    same(f"scatter {vdt.__name__}", d_out.copy_to_host(), out)
 
 # ---- the device pipeline (zen_hvd.bench.gpu.device_sync), n workers, against a float64 sum ----
 from zen_hvd.bench.gpu import device_sync
@@ -164,7 +169,8 @@ for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[:
         g.add_slots_kernel: (rows, i64, rows, f),
         g.units_of_bitmap_kernel: (u64, i64, i, i, i, i, i64, i64),
         g.bitmap_positions_kernel: (u64, i64, i64),
-        g.scatter_kernel: (rows, i64, rows, f, i),
+        g.scale_rows_kernel: (rows, f, i),
+        g.scatter_kernel: (rows, i64, rows),
     }}
     for kernel, sig in sigs.items():
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
@@ -183,10 +189,11 @@ def test_gpu_data_path_compiles_to_ptx(cc):
     for ln in stdout.splitlines():
         if ln.startswith("KERNEL"):
             atoms.setdefault(ln.split()[1], set()).update(ln.split()[2:])
-    assert len(atoms) == 8, atoms
+    assert len(atoms) == 9, atoms
     assert any("or" in op for op in atoms["set_bits_kernel"]), atoms     # the bitmap's atomic or
     # deterministic aggregation: no atomics where values are added
     assert atoms["add_part_kernel"] == {"-"} and atoms["add_slots_kernel"] == {"-"}, atoms
+    assert atoms["scale_rows_kernel"] == {"-"}, atoms
 
 
 def test_gpu_check_runs_in_simulator():
@@ -199,5 +206,5 @@ def test_gpu_check_runs_in_simulator():
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     assert "GPU check on the CUDA simulator" in table and " NO" not in table, table
-    for step in ("partition", "pack", "bitmap", "popcount prefix", "aggregate", "decode", "scatter"):
+    for step in ("partition", "pack", "bitmap", "popcount prefix", "aggregate", "scale", "decode", "scatter"):
         assert f"sync step: {step}" in table, table

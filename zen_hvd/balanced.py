@@ -160,7 +160,7 @@ class BalancedParallelism:
         values = bodies.view(vdtype).reshape(all_units.size, D)
         if out is not None or not layout.sparse:
             target, units = out if out is not None else np.zeros((M, D), vdtype), None
-            kernels.scatter(target, all_units, values, 1.0, 0)
+            kernels.scatter(target, all_units, values)
         elif not ordered:
             target, units = values, all_units
         else:

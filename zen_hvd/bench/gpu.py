@@ -71,11 +71,13 @@ def device_sync(inputs, values, M, seed, timer=None):
             for w in range(n):
                 gpu.launch_rows(gpu.add_part_kernel, pushed[s][w][0].shape[0], D, acc, d_words, prefix,
                                 *pushed[s][w], 1.0)
+        with timer("scale (1/n)"):
+            gpu.launch_rows(gpu.scale_rows_kernel, K, D, acc, 1.0 / n, 0)
         units = cuda.device_array(K, np.int64)
         with timer("decode (inverse bijection)"):
             h0.launch_1d(gpu.units_of_bitmap_kernel, W, d_words, prefix, s, n, M, B, d_keys, units)
         with timer("scatter"):
-            gpu.launch_rows(gpu.scatter_kernel, K, D, out, units, acc, 1.0 / n, 0)
+            gpu.launch_rows(gpu.scatter_kernel, K, D, out, units, acc)
     return out
 
 
