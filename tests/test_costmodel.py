@@ -65,3 +65,12 @@ def test_characteristics_command_explains_and_writes_every_column(tmp_path, caps
     ref = characteristics.characterize(sets, w["M"], w["D"])
     assert row["workload"] == "dgc" and int(row["n"]) == 2
     assert math.isclose(float(row["gamma_n"]), ref["gamma_n"]) and math.isclose(float(row["overlap"]), ref["overlap"])
+
+
+def test_message_steps_count_the_header_round_of_every_scheme_but_balanced():
+    # balanced: Push and Pull, its headers inside the Push; the others: exchange_headers first.
+    assert costmodel.message_steps(4, "balanced") == 2
+    assert costmodel.message_steps(4, "hierarchical") == 2 * 2 + 1
+    assert costmodel.message_steps(6, "hierarchical") == 2 * 2 + 4 + 1   # fold and unfold
+    assert costmodel.message_steps(4, "agsparse") == 1 + 1
+    assert costmodel.message_steps(4, "allreduce") == 2 * 3 + 1

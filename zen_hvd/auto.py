@@ -18,7 +18,7 @@ Costs (bytes one worker receives; time = bytes / b, b cancels) with the wire for
 for hierarchical with positions-or-bitmap sets, and dense AllReduce 2 (n-1)/n M D v as a third
 candidate (it wins when tensors are nearly dense, where Theorem 1's COO analysis does not look).
 Each scheme also pays ZEN_HVD_ROUND_BYTES (default 128 KiB) per message step of its pattern
-(balanced: 2; hierarchical: 2 per stage, plus its fold): the alpha of an alpha-beta model, in
+(balanced: 2; hierarchical: 2 per stage, plus its fold and its header round): the alpha of an alpha-beta model, in
 bytes, so that a scheme with fewer bytes but many more rounds is not chosen for a small margin.
 Once decided, a call costs one dictionary lookup and a counter (observe returns at once).
 Schedule: call 0 runs balanced (reveals d_G and gamma_n); the choice is made after calls 1 and
