@@ -8,7 +8,6 @@ Works under `horovodrun --gloo` (no MPI job) as well as under mpirun, and with a
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .transport import Transport, as_tensor, split
@@ -48,7 +47,7 @@ class HorovodTransport(Transport):
         return split(out.numpy(), received.tolist())
 
     def _pull(self, send):
-        return self._push(np.tile(send, self.size), [send.size] * self.size)
+        return self._push_all(send)
 
     def _allgatherv(self, send, recv_counts):
         return self._hvd.allgather(send, name=self._name(), process_set=self._ps)

@@ -157,7 +157,13 @@ class Mpi4pyTransport(Transport):
         return parts
 
     def _pull(self, send):
-        parts = self._exchange([send] * self.size, PULL_TAG)
+        return self._to_all(send, PULL_TAG)
+
+    def _push_all(self, send):
+        return self._to_all(send, PUSH_TAG)
+
+    def _to_all(self, send, tag):
+        parts = self._exchange([send] * self.size, tag)
         parts[self.rank] = send
         return parts
 

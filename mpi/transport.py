@@ -18,6 +18,7 @@ the message itself (a matched probe, or a length sent with it), so no round is s
 
 - push(send, send_counts): part r of `send` goes to rank r; returns the n parts received;
 - pull(send): `send` goes to every other rank; returns the n parts received;
+- push_all(send): the same in the Push round (a one-shot scheme's only round);
 - pull_joined(send, body_nbytes): a pull of messages laid out [body][pad to 8][tail] whose
   bodies are wanted back to back in one buffer (balanced parallelism's aggregated values: the
   result without another copy); returns (bodies, tails).
@@ -133,6 +134,21 @@ class Transport:
         assert send.dtype == np.uint8
         parts = self._pull(send) if self.size > 1 else [send]
         self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
+        return parts
+
+    def push_all(self, send: np.ndarray, control: int = 0) -> list:
+        """A Push whose every part is `send` (a one-shot scheme's round: every peer gets the
+        same message). A pull in the Push round: a rank that runs another scheme meets it
+        there, and the header check names the difference. Returns the n parts received."""
+        assert send.dtype == np.uint8
+        parts = self._push_all(send) if self.size > 1 else [send]
+        self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
+        return parts
+
+    def _push_all(self, send):
+        """Default: a push of `send` repeated for every rank."""
+        parts = self._push(np.tile(send, self.size), [send.size] * self.size)
+        parts[self.rank] = send
         return parts
 
     def pull_joined(self, send: np.ndarray, body_nbytes, control: int = 0):

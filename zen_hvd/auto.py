@@ -1,11 +1,13 @@
 """scheme="auto": pick balanced parallelism or hierarchical centralization per tensor
-(docs/algorithm.md §2: profile the first syncs, compare equations (1) and (2)).
+(docs/algorithm.md §2: profile the first syncs, compare equations (1) and (2)), or one of the
+two patterns that do the same in fewer rounds at the extremes of density and overlap.
 
 Per tensor name, every sync feeds a profile with numbers every rank has bitwise alike (so every
 rank makes the same choice without an extra message):
   - d_G = mean nnz / M, from the allgathered header table;
   - gamma_n = |I| / mean nnz, |I| being the size of the aggregated union, which every scheme
-    returns identically on all ranks (balanced: sum of the Pull counts);
+    returns identically on all ranks (balanced: sum of the Pull counts; agsparse, whose
+    unordered result repeats units: the distinct ones);
   - gamma_{2^(i-1)} for the stages of hierarchical centralization, measured when that scheme
     runs on a check sync (one allgather of log2 n + 1 integers, control bytes).
 Estimator for the gamma_m not measured (documented here, tested in tests/test_costmodel.py):
@@ -15,11 +17,14 @@ independence model d_m = 1 - (1 - d)^m; U = k means identical sets; U -> inf dis
 
 Costs (bytes one worker receives; time = bytes / b, b cancels) with the wire formats' real sizes
 (costmodel.py): eq. (1) for balanced with COO Push and hash-bitmap-or-positions Pull, eq. (2)
-for hierarchical with positions-or-bitmap sets, and dense AllReduce 2 (n-1)/n M D v as a third
-candidate (it wins when tensors are nearly dense, where Theorem 1's COO analysis does not look).
+for hierarchical with positions-or-bitmap sets, dense AllReduce 2 (n-1)/n M D v (it wins when
+tensors are nearly dense, where Theorem 1's COO analysis does not look), and the one-shot
+allgather of COO sets (n-1) k (i + v) (oneshot.py: when the sets barely overlap, gamma_n near n,
+it receives what eq. (2) receives with gamma_m = m, in one round instead of 2 log2 n + 1).
 Each scheme also pays ZEN_HVD_ROUND_BYTES (default 128 KiB) per message step of its pattern
-(balanced: 2; hierarchical: 2 per stage, plus its fold and its header round): the alpha of an alpha-beta model, in
-bytes, so that a scheme with fewer bytes but many more rounds is not chosen for a small margin.
+(balanced: 2; agsparse: 1; hierarchical: 2 per stage, plus its fold and its header round): the
+alpha of an alpha-beta model, in bytes, so that a scheme with fewer bytes but many more rounds
+is not chosen for a small margin.
 Once decided, a call costs one dictionary lookup and a counter (observe returns at once).
 Schedule: call 0 runs balanced (reveals d_G and gamma_n); the choice is made after calls 1 and
 2 and re-checked every ZEN_HVD_AUTO_RECHECK (default 100) calls of the tensor. Every choice is
@@ -37,7 +42,7 @@ from . import costmodel
 
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
-CANDIDATES = ("balanced", "hierarchical", "allreduce")
+CANDIDATES = ("balanced", "hierarchical", "allreduce", "agsparse")
 DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores
 
 

@@ -84,11 +84,12 @@ class BalancedParallelism:
     name = "balanced"
 
     def sync(self, name, src, layout, header, ctx, scheme_names, vdtype, prescale, scale, divisor,
-             out=None, ordered=True):
+             out=None, ordered=True, repeats=False):
         """One sync of a Source. Returns (units or None, values, info): with `out` (a dense
         [M, D] numpy array, zero outside the union) the result is written there and units is
         None; otherwise values is a new [K, D] array of the union's units, ascending, or (not
-        `ordered`) in the order the servers sent them, which saves a sort and a gather."""
+        `ordered`) in the order the servers sent them, which saves a sort and a gather. The
+        units never repeat, whatever `repeats` allows."""
         tr, keys = ctx.transport, ctx.keys
         n, me, M, D = tr.size, tr.rank, layout.num_units, layout.unit_size
         idt = index_dtype(h0.server_size(M, n, 0))
@@ -219,9 +220,7 @@ def _aggregate_sorted(positions, values, idt, vdtype, D, prescale, scale, diviso
     K, isz = union.size, idt.itemsize
     pull, acc, index = _pull_buffer(K, pad8(K * isz), POSITIONS, vdtype, D)
     index[:K * isz].view(idt)[:] = union
-    for j, v in zip(positions, values):                        # rank order 0..n-1
-        kernels.add_slots(acc, np.searchsorted(union, j), v, prescale)
-    kernels.scale_rows(acc, scale, divisor)
+    kernels.sum_sorted(acc, union, positions, values, prescale, scale, divisor)
     return pull
 
 

@@ -7,6 +7,7 @@ i = index bytes, v = D value bytes, a block = B = ceil(256 / D) units):
 
   allreduce   dense ring AllReduce:          2 (n-1)/n M v
   agsparse    allgather of COO (Horovod, DDP): (n-1) k (i + v)          one-shot, centralized
+              (oneshot.py: one point-to-point round, the header in it)
   sparcml     recursive doubling of COO sets, dense once a merged set's COO exceeds M v:
               sum_i min(|I_{2^(i-1)}| (i + v), M v)                     incremental, centralized
   omnireduce  uniform contiguous partitions of blocks; only non-zero blocks are pushed (block
@@ -22,15 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .header import COL, COUNTS
+from .header import COUNTS
 from .units import sorted_unique
 from .hierarchical import DENSE, POSITIONS, Plan, RecursiveDoubling, nonzero_units
+from .oneshot import OneShotCentralization
 from .units import add_rows, widened
 from .wire import index_dtype, pack, part_nbytes, unpack
-
-
-def _vsz(values: torch.Tensor) -> int:
-    return values.shape[1] * values.element_size()
 
 
 def _local(units, values, layout, transport) -> Plan:
@@ -74,23 +72,6 @@ class DenseAllReduce:
         if plan.units.size:
             dense[torch.from_numpy(plan.units)] = plan.values
         units, values = nonzero_units(transport.allreduce_sum(dense))
-        return units, values, dict(union_size=int(units.size))
-
-
-class AGSparse:
-    """Allgather of every worker's COO set, then a rank-order sum on every worker."""
-
-    name = "agsparse"
-
-    def plan(self, units, values, layout, transport, seed):
-        return _local(units, values, layout, transport)
-
-    def run(self, plan, table, transport):
-        idt, D, dtype = index_dtype(plan.num_units), plan.values.shape[1], plan.values.dtype
-        nnz = table[:, COL["nnz"]]
-        send, _ = pack([(plan.units, plan.values)], idt)
-        recv, _ = transport.allgatherv(send, [part_nbytes(k, idt.itemsize, _vsz(plan.values)) for k in nnz])
-        units, values = sum_in_rank_order(unpack(recv, nnz, idt, D, dtype), D, dtype)
         return units, values, dict(union_size=int(units.size))
 
 
@@ -181,4 +162,4 @@ class OmniReduce(_Partitioned):
         return units[keep], values[torch.from_numpy(keep)]
 
 
-SCHEMES = {s.name: s for s in (DenseAllReduce(), AGSparse(), SparCML(), OmniReduce(), SparsePS())}
+SCHEMES = {s.name: s for s in (DenseAllReduce(), OneShotCentralization(), SparCML(), OmniReduce(), SparsePS())}

@@ -111,14 +111,18 @@ def _independent_blocks(M, d_G, gamma_n, value_bytes, D=1):
                 s_w=1.0, s_u=1.0)
 
 
+# Schemes whose headers ride in their own Push (balanced.py, oneshot.py): no header round.
+HEADER_IN_PUSH = ("balanced", "agsparse")
+
+
 def message_steps(n: int, scheme: str) -> int:
     """Message steps of one sync: the scheme's pattern, plus the header round (sync.py's
-    exchange_headers) for every scheme but balanced, whose headers ride in its Push."""
+    exchange_headers) for every scheme not in HEADER_IN_PUSH."""
     p = 1 << (n.bit_length() - 1)
     hops = 2 * (p.bit_length() - 1) + (4 if n > p else 0)
     pattern = {"allreduce": 2 * (n - 1), "hierarchical": hops, "sparcml": hops}.get(
         scheme, 2 if scheme != "agsparse" else 1)
-    return pattern + (scheme != "balanced")
+    return pattern + (scheme not in HEADER_IN_PUSH)
 
 
 def predict_time(n, M, d_G, gamma, value_bytes, bandwidth_bps, schemes=SCHEMES, skew=None, blocks=None,

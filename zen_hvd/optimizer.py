@@ -252,8 +252,10 @@ class _ZenWorker:
             sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
                                            tuple(p.shape), is_coalesced=True, check_invariants=False)
         # Unordered: the gradient's rows in the servers' order, marked uncoalesced (as
-        # Horovod's sparse path returns it); an optimizer adds them all the same.
-        layout, units, values, _ = allreduce_units(sent, ordered=False, **kw)
+        # Horovod's sparse path returns it); an optimizer adds them all the same. Rows may
+        # repeat only when the gradient stays sparse (a dense .grad gets rows copied in).
+        stays_sparse = p.grad.is_sparse if p.grad is not None else zp.sparse_grad   # _write_back
+        layout, units, values, _ = allreduce_units(sent, ordered=False, repeats=stays_sparse, **kw)
         return result(sent, layout, units, values)
 
     def _record(self, zp, out, before, seconds):

@@ -77,13 +77,16 @@ def result(tensor, layout, units, values) -> torch.Tensor:
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
                     unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None,
-                    ordered=True):
+                    ordered=True, repeats=False):
     """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
     units (int64 numpy) with values [K, D] (torch), ascending unless not `ordered` (balanced
     parallelism then keeps the servers' order); or None when values is the dense [M, D]
-    result. out: a dense [M, D] CPU tensor, zero outside the union's rows, that receives
-    the result in place (balanced parallelism; the other schemes copy into it). step: an
-    optimizer's (step count, whether a backward pass preceded it), for the header."""
+    result. repeats (with not `ordered`): the caller adds rows of a repeated unit, as torch
+    adds an uncoalesced gradient, so the one-shot allgather may return every rank's rows
+    without merging them (Horovod's sparse allreduce result). out: a dense [M, D] CPU
+    tensor, zero outside the union's rows, that receives the result in place (balanced
+    parallelism; the other schemes copy into it). step: an optimizer's (step count, whether
+    a backward pass preceded it), for the header."""
     average, total = _op_codes()
     op = average if op is None else op
     if op not in (average, total):
@@ -110,7 +113,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
         if out is not None:
             units, values = None, out
-    elif chosen == "balanced":
+    elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
         cpu = widened(cpu)
         src = source(cpu, layout)
         header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
@@ -118,7 +121,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
         units, values, info = SCHEMES[chosen].sync(
             name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
-            scale, divisor, target, ordered)
+            scale, divisor, target, ordered, repeats)
         values = torch.from_numpy(values)
         if out is not None and target is None:
             out.copy_(values)

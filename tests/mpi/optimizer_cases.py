@@ -146,6 +146,17 @@ def dense_embeddings():
 
 
 @case
+def one_shot_allgather():
+    # scheme="agsparse": a sparse .grad keeps every rank's rows (repeats summed by torch's
+    # SGD, as Horovod's allgathered gradient), a dense .grad gets the merged rows copied in
+    # (a tracked sparse=False embedding) or summed in place (a scanned one).
+    for sparse in (True, False):
+        for rows in ("track", "scan"):
+            train_three_ways(f"one_shot_allgather[{sparse}, {rows}]", sparse, sgd,
+                             zen_kw=dict(scheme="agsparse", embedding_rows=rows))
+
+
+@case
 def named_sparse_params():
     # a tied weight (two holders) is scanned for rows; fc.weight named by the user goes by rows too
     torch.manual_seed(0)

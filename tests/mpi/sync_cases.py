@@ -119,6 +119,25 @@ nan_inputs[n - 1][4, 2] = float("inf")
 out = check("nan_inf", nan_inputs)
 assert torch.isnan(out[3, 1]) and torch.isinf(out[4, 2]) or n == 1 and torch.isinf(out[4, 2])
 
+# The one-shot allgather's unordered result (the optimizer's): every rank's entries in rank
+# order, duplicates kept and scaled once, as Horovod's sparse_allreduce returns them.
+for name, inputs in (("oneshot_unordered", rows(3000, 8, 0.05, 0.5, 1.0, 12)),
+                     ("oneshot_unordered_uncoalesced", dup)):
+    layout, units, values, info = zen_hvd.sync.allreduce_units(
+        inputs[me], name=name, op=zen_hvd.Average, scheme="agsparse", transport=T,
+        postscale_factor=2.0, ordered=False, repeats=True)
+    nnz = [t._nnz() for t in inputs]
+    assert units.size == sum(nnz) and info["nnz"].tolist() == nnz, f"{name}: not every entry kept"
+    rank_order = np.concatenate([t._indices()[0].numpy() for t in inputs])
+    assert np.array_equal(units, rank_order), f"{name}: entries not in rank order"
+    out = zen_hvd.sync.result(inputs[me], layout, units, values)
+    assert out.is_coalesced() == bool(units.size < 2 or (np.diff(units) > 0).all()), \
+        f"{name}: marked coalesced though its units repeat or descend (or the reverse)"
+    ref = 2.0 * sum(t.to_dense().double() for t in inputs) / n
+    assert torch.allclose(out.to_dense().double(), ref, rtol=1e-5, atol=1e-5), f"{name}: wrong sum"
+    assert info["union_size"] == torch.unique(torch.from_numpy(units)).numel(), f"{name}: union size"
+    assert same_on_all_ranks(tr, digest(values)), f"{name}: not bitwise identical on all ranks"
+
 # -- byte counters ---------------------------------------------------------------------------
 from zen_hvd.cuda_kernels import h0  # noqa: E402
 from zen_hvd.hash_bitmap import bitmap_nbytes  # noqa: E402
@@ -169,8 +188,15 @@ if n > 1:
 oob = [torch.sparse_coo_tensor(torch.tensor([[1, 150]]), torch.ones(2, 4), (200, 4)) for r in range(n)]
 oob[n - 1] = torch.sparse_coo_tensor(torch.tensor([[1, 250]]), torch.ones(2, 4), (200, 4),
                                      check_invariants=False)
-msg = expect_error(InvalidTensorError, "out_of_range", oob)
-assert f"rank {n - 1}" in msg and "250" in msg, msg
+for scheme in ("auto", "agsparse"):
+    msg = expect_error(InvalidTensorError, f"out_of_range_{scheme}", oob, scheme=scheme)
+    assert f"rank {n - 1}" in msg and "250" in msg, msg
+if n > 1:   # ranks of the two schemes whose headers ride in their Push meet in that round
+    mixed = "agsparse" if me == n - 1 else "balanced"
+    msg = expect_error(TensorMismatchError, "scheme_mismatch", good, scheme=mixed)
+    assert "scheme differs" in msg and f"rank {n - 1}: agsparse" in msg, msg
+    assert "shape differs" in expect_error(TensorMismatchError, "shape_mismatch_agsparse", shapes,
+                                           scheme="agsparse")
 check("after_errors", good)
 
 
