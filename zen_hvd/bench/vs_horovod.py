@@ -12,7 +12,7 @@ repeat after repeat in turn, with:
   zen-balanced    zen_hvd.sparse_allreduce(scheme="balanced")
   zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
-sync (median, mean over ranks), data bytes received per rank (Zen: the transports' counters;
+sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank (Zen: the transports' counters;
 Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D), ring allreduce 2 (n-1)/n M 4 D),
 and ratios to Horovod's sparse allgather. The link rate is measured in the same launch (a
 16 MiB point-to-point transfer); Zen's byte ideal is the slowest rank's max(bytes sent,
@@ -26,6 +26,7 @@ started under mpirun or horovodrun, it runs on that job's ranks.
 from __future__ import annotations
 
 import argparse
+import resource
 import shlex
 import statistics
 import subprocess
@@ -33,6 +34,12 @@ import sys
 import time
 
 METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-auto")
+
+
+def _cpu():
+    """(process CPU seconds, its system part), all threads, from getrusage."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_stime
 
 
 def parse():
@@ -102,15 +109,18 @@ def child(args):
             fns[m]()
     wall = {m: [] for m in methods}
     cpu = {m: [] for m in methods}
+    kernel = {m: [] for m in methods}   # the system (kernel) part of the CPU time: MPI's TCP, polls
     zen_bytes = {m: [0, 0] for m in methods}
     for _ in range(args.repeats):
         for m in methods:
             hvd.barrier()
             before = runtime.comm_stats()
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, t0 = _cpu(), time.perf_counter()
             fns[m]()
             wall[m].append(time.perf_counter() - t0)
-            cpu[m].append(time.process_time() - c0)
+            c1 = _cpu()
+            cpu[m].append(c1[0] - c0[0])
+            kernel[m].append(c1[1] - c0[1])
             after = runtime.comm_stats()
             zen_bytes[m][0] += after["bytes_received"] + after["control_bytes_received"] \
                 - before["bytes_received"] - before["control_bytes_received"]
@@ -120,7 +130,8 @@ def child(args):
     # Every rank's numbers, to rank 0: per repeat walls, CPU medians, bytes.
     row = []
     for m in methods:
-        row += wall[m] + [statistics.median(cpu[m]), zen_bytes[m][0] / args.repeats,
+        row += wall[m] + [statistics.median(cpu[m]), statistics.median(kernel[m]),
+                          zen_bytes[m][0] / args.repeats,
                           zen_bytes[m][1] / args.repeats]
     row += [rows, rate]
     table = hvd.allgather(torch.tensor([row], dtype=torch.float64)).numpy()
@@ -167,23 +178,24 @@ def report(args, n, methods, table, agree, choice):
                      "horovod-sparse": (n - 1) * k * (8 + 4 * D)}
     res = {}
     for i, m in enumerate(methods):
-        base = i * (R + 3)
+        base = i * (R + 4)
         walls = table[:, base:base + R]
         t = float(np.median(walls.max(axis=0)))        # each repeat's slowest rank
         c = float(table[:, base + R].mean())
-        recv = table[:, base + R + 1]
-        sent = table[:, base + R + 2]
+        sys_cpu = float(table[:, base + R + 1].mean())
+        recv = table[:, base + R + 2]
+        sent = table[:, base + R + 3]
         counted = m.startswith("zen")
         b = float(recv.max()) if counted else horovod_bytes[m]
         crit = float(np.maximum(recv, sent).max()) if counted else b
-        res[m] = dict(t=t, cpu=c, bytes=b, ideal=crit / rate if rate == rate else float("nan"),
+        res[m] = dict(t=t, cpu=c, sys=sys_cpu, bytes=b, ideal=crit / rate if rate == rate else float("nan"),
                       counted=counted)
     where = f"{n} emulated hosts, {args.emulate} links" if args.emulate else f"{n} ranks, one machine (shared memory)"
     print(f"\nzen_hvd.bench.vs_horovod: {where}; embedding {V:,} x {D} float32, {k:,} tokens per rank "
           f"(Zipf {args.zipf}), {rows.mean():,.0f} distinct rows per rank (mean); {R} repeats")
     print("  " + reproduce("zen_hvd.bench.vs_horovod"))
     print(f"  measured link rate (16 MiB, rank 0 -> 1): {rate * 8 / 1e9:.2f} Gbit/s")
-    print(f"  {'method':<16}{'time ms':>9}{'cpu ms':>9}{'recv B/rank':>14}{'t/hvd-sparse':>14}"
+    print(f"  {'method':<16}{'time ms':>9}{'cpu ms':>9}{'sys ms':>8}{'recv B/rank':>14}{'t/hvd-sparse':>14}"
           f"{'B/hvd-sparse':>14}{'ideal ms':>10}{'t/ideal':>9}  agrees")
     hs = res.get("horovod-sparse")
     for m in methods:
@@ -193,7 +205,7 @@ def report(args, n, methods, table, agree, choice):
         ideal = f"{r['ideal'] * 1e3:.1f}" if r["counted"] else "-"
         ti = f"{r['t'] / r['ideal']:.2f}" if r["counted"] else "-"
         mark = "" if r["counted"] else " (computed)"
-        print(f"  {m:<16}{r['t'] * 1e3:>9.2f}{r['cpu'] * 1e3:>9.2f}{r['bytes']:>14,.0f}{tr:>14}{br:>14}"
+        print(f"  {m:<16}{r['t'] * 1e3:>9.2f}{r['cpu'] * 1e3:>9.2f}{r['sys'] * 1e3:>8.2f}{r['bytes']:>14,.0f}{tr:>14}{br:>14}"
               f"{ideal:>10}{ti:>9}  {agree[m]}{mark}")
     if "zen-auto" in methods:
         print(f"  zen-auto chose: {choice}")
@@ -202,6 +214,7 @@ def report(args, n, methods, table, agree, choice):
         print(f"  Zen balanced is {hs['t'] / z['t']:.2f}x Horovod's sparse allgather in time "
               f"({hs['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / hs['bytes']:.2f}x its bytes")
     write_csv(args.out, [dict(setting=where, method=m, time_ms=res[m]["t"] * 1e3, cpu_ms=res[m]["cpu"] * 1e3,
+                              sys_ms=res[m]["sys"] * 1e3,
                               recv_bytes_per_rank=res[m]["bytes"], bytes_counted=res[m]["counted"],
                               time_vs_horovod_sparse=res[m]["t"] / hs["t"] if hs else "",
                               bytes_vs_horovod_sparse=res[m]["bytes"] / hs["bytes"] if hs else "",
