@@ -13,8 +13,8 @@ repeat after repeat in turn, with:
   zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
 sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank
-(Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D), ring allreduce 2 (n-1)/n M 4 D),
-and ratios to Horovod's sparse allgather. The link rate is measured in the same launch (a
+(Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D),
+ring allreduce 2 (n-1)/n M 4 D), and ratios to Horovod's sparse allgather. The link rate is measured in the same launch (a
 16 MiB point-to-point transfer); Zen's byte ideal is the slowest rank's max(bytes sent,
 received) over that rate. Results are checked against the dense allreduce. --out writes the
 table as CSV, one row per method, with the setting in every row.
