@@ -37,7 +37,9 @@ METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-auto")
 
 
 def _cpu():
-    """(process CPU seconds, its system part), all threads, from getrusage."""
+    """(process CPU seconds, its system part), all threads, from getrusage (Linux splits the
+    exact total between user and system by tick samples: the split is a statistic, hence the
+    median over repeats and the mean over ranks)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime, r.ru_stime
 
@@ -127,7 +129,7 @@ def child(args):
             zen_bytes[m][1] += after["bytes_sent"] + after["control_bytes_sent"] \
                 - before["bytes_sent"] - before["control_bytes_sent"]
     rate = link_rate(hvd)
-    # Every rank's numbers, to rank 0: per repeat walls, CPU medians, bytes.
+    # Every rank's numbers, to rank 0: per repeat walls, CPU and system medians, bytes.
     row = []
     for m in methods:
         row += wall[m] + [statistics.median(cpu[m]), statistics.median(kernel[m]),
