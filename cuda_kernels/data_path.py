@@ -129,16 +129,22 @@ def bitmap_positions(words, out):
 def add_part(acc, words, prefix, positions, values, prescale):
     """acc[slot(j)] += prescale * values[i] for the i-th received position j (one worker's
     part; called for the workers in rank order, so every run adds in the same order)."""
-    D = acc.shape[1]
     for i in range(positions.size):
         j = positions[i]
         w = j >> 6
         below = words[w] & ((_ONE << np.uint64(j & 63)) - _ONE)
-        slot = prefix[w] + popcount64(below)
-        if prescale == 1.0:
-            acc[slot] += values[i]
-        else:
-            acc[slot] += prescale * values[i]
+        _add_row(acc, prefix[w] + popcount64(below), values, i, prescale)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_row(acc, slot, values, i, prescale):
+    """acc[slot] += prescale * values[i], the product in float64 rounded once to acc's dtype
+    (integers too: an int64 row cannot take a float64 row in place)."""
+    if prescale == 1.0:
+        acc[slot] += values[i]
+    else:
+        for d in range(acc.shape[1]):
+            acc[slot, d] = np.float64(acc[slot, d]) + prescale * np.float64(values[i, d])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -146,10 +152,7 @@ def add_slots(acc, slots, values, prescale):
     """acc[slots[i]] += prescale * values[i]: add_part when the slots are known (the union of
     positions found by a sort, for parts far sparser than the bitmap)."""
     for i in range(slots.size):
-        if prescale == 1.0:
-            acc[slots[i]] += values[i]
-        else:
-            acc[slots[i]] += prescale * values[i]
+        _add_row(acc, slots[i], values, i, prescale)
 
 
 def sum_sorted(acc, union, positions, values, prescale, scale, divisor):

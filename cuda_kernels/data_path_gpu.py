@@ -12,11 +12,14 @@ buffer layout, so the device path and the host path produce the same bytes:
                       the positions are distinct, so no two threads add to one element and the
                       sum's order is the rank order on every run (no float atomics);
        scale_rows     the postscale and Average's 1/n, once, on the server's 1/n of the union;
-    3. units_of_bitmap, bitmap_positions
-                      worker: decode the bitmap through the inverse bijection (Section 3.3);
+    3. units_of_bitmap, units_of_positions, bitmap_positions
+                      worker: decode the bitmap (or the positions) through the inverse
+                      bijection (Section 3.3);
        scatter        each server's values into the output rows.
 
-Element kernels run one thread per (entry, column): thread t handles entry t // D, column
+Scaling is computed in float64 and rounded once to the values' dtype, as the njit twins
+compute it (stated explicitly, so that the simulator, whose numpy scalars would stay in
+float32, agrees bit for bit). Element kernels run one thread per (entry, column): thread t handles entry t // D, column
 t % D. Arrays are numba device arrays or anything with __cuda_array_interface__ (torch CUDA
 tensors through numba.cuda.as_cuda_array), so nothing is copied to the host.
 """
@@ -121,7 +124,7 @@ def add_part_kernel(acc, words, prefix, positions, values, prescale):
         if prescale == 1.0:
             acc[slot, d] += values[i, d]
         else:
-            acc[slot, d] += prescale * values[i, d]
+            acc[slot, d] = numba.float64(acc[slot, d]) + prescale * numba.float64(values[i, d])
 
 
 @cuda.jit
@@ -134,7 +137,7 @@ def add_slots_kernel(acc, slots, values, prescale):
         if prescale == 1.0:
             acc[slots[i], d] += values[i, d]
         else:
-            acc[slots[i], d] += prescale * values[i, d]
+            acc[slots[i], d] = numba.float64(acc[slots[i], d]) + prescale * numba.float64(values[i, d])
 
 
 @cuda.jit
@@ -150,7 +153,7 @@ def scale_rows_kernel(acc, scale, divisor):
             q = abs(v) // divisor
             acc[i, d] = q if v >= 0 else -q
         elif scale != 1.0:
-            acc[i, d] = v * scale
+            acc[i, d] = numba.float64(v) * scale
 
 
 # ---- 3. decode and scatter (worker) --------------------------------------------------------
@@ -168,6 +171,14 @@ def units_of_bitmap_kernel(words, prefix, p, n, M, B, keys, out):
             k += 1
         x >>= _ONE
         b += 1
+
+
+@cuda.jit
+def units_of_positions_kernel(positions, p, n, M, B, keys, out):
+    """Position j of server p (the Pull's positions format) is unit pi^-1(j n + p)."""
+    i = cuda.grid(1)
+    if i < positions.size:
+        out[i] = unpermute_one_gpu(numba.int64(positions[i]) * n + p, M, B, keys)
 
 
 @cuda.jit

@@ -79,6 +79,20 @@ def hash_kernel(units, M, B, n, keys, second_seeds, k, r1, r2, x, c, counts, pos
 
 
 @cuda.jit
+def fill_kernel(a, value):
+    """a[:] = value on the device (no host buffer of a's size is copied over)."""
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = value
+
+
+def _filled(size, value):
+    a = cuda.device_array(size, np.int64)
+    launch_1d(fill_kernel, size, a, value)
+    return a
+
+
+@cuda.jit
 def compact_kernel(x, r1, r2, pos_in, cursor, order, pos):
     """Extraction: nonzero(x[p]) per partition, one thread per slot, into p's block of order."""
     s = cuda.grid(1)
@@ -109,8 +123,7 @@ def group_by_partition_gpu(units, M, n, keys, second_seeds, r1=None, r2=None, k=
     pos_in = cuda.device_array(nnz, np.int64)
     retries = 0
     while True:
-        x = cuda.to_device(np.full(n * (r1 + r2), EMPTY, np.int64))
-        c, counts = cuda.to_device(np.zeros(n, np.int64)), cuda.to_device(np.zeros(n, np.int64))
+        x, c, counts = _filled(n * (r1 + r2), EMPTY), _filled(n, 0), _filled(n, 0)
         launch_1d(hash_kernel, nnz, d_units, M, domain_bits(M), n, d_keys, d_seeds, k, r1, r2,
                   x, c, counts, pos_in)
         h_c, h_counts = c.copy_to_host(), counts.copy_to_host()

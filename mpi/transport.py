@@ -171,6 +171,43 @@ class Transport:
         parts = self._pull(send)
         return _joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
 
+    # -- device buffers (the device data path, zen_hvd/device_sync.py) -------------------
+    def push_device(self, send: torch.Tensor, send_counts, control: int = 0) -> list:
+        """push of a flat uint8 torch tensor on any device: the n parts received, as tensors
+        on send's device. Here staged through host memory (a CPU tensor is not copied);
+        transports that move device memory override _push_device."""
+        assert send.dtype == torch.uint8
+        if send.device.type != "cpu" and self.moves_device_memory(send.device):
+            send_counts = [int(c) for c in send_counts]
+            parts = self._push_device(send, send_counts)
+            self._count(sum(send_counts) - send_counts[self.rank],
+                        sum(p.numel() for p in parts) - parts[self.rank].numel(), control)
+            return parts
+        parts = self.push(send.cpu().numpy(), send_counts, control)
+        return [as_tensor(p).to(send.device) for p in parts]
+
+    def pull_joined_device(self, send: torch.Tensor, body_nbytes, control: int = 0):
+        """pull_joined of a flat uint8 torch tensor on any device: (bodies, tails) as tensors
+        on send's device, staged through host memory unless the transport moves device
+        memory (_pull_joined_device)."""
+        assert send.dtype == torch.uint8
+        if send.device.type != "cpu" and self.moves_device_memory(send.device) and self.size > 1:
+            got, received = self._pull_joined_device(send, body_nbytes)
+            self._count(send.numel() * (self.size - 1), received, control)
+            return got
+        bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
+        return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
+
+    def moves_device_memory(self, device) -> bool:
+        """Whether this transport sends and receives tensors on `device` without host copies."""
+        return False
+
+    def _push_device(self, send, send_counts):
+        raise NotImplementedError
+
+    def _pull_joined_device(self, send, body_nbytes):
+        raise NotImplementedError
+
     def _count(self, sent: int, received: int, control: int) -> None:
         """Counts one point-to-point round: `control` header bytes per message, rest data."""
         peers = self.size - 1

@@ -72,12 +72,13 @@ for W, k in [(3, 40), (700, 900), (1, 64), (0, 0)]:   # 700 words: several words
     launch_1d(gpu.bitmap_positions_kernel, W, d_words, prefix, d_out)
     same(f"bitmap_positions W={W}", d_out.copy_to_host(), ones)
 
-for D, vdt, prescale in [(4, np.float32, 1.0), (3, np.float64, 0.5), (1, np.float32, 0.25)]:
+for D, vdt, prescale in [(4, np.float32, 1.0), (3, np.float64, 0.5), (1, np.float32, 0.25),
+                         (2, np.float32, 1 / 3), (2, np.int64, 0.5)]:
     W, n = 20, 3
     parts = [np.sort(rng.choice(64 * W, 150, replace=False)).astype(np.int64) for _ in range(n)]
     words = words_of(np.concatenate(parts), W)
     prefix, total = cpu.word_prefix(words)
-    vals = [rng.standard_normal((150, D)).astype(vdt) for _ in range(n)]
+    vals = [(rng.standard_normal((150, D)) * 10).astype(vdt) for _ in range(n)]
     acc = np.zeros((total, D), vdt)
     d_acc = cuda.to_device(acc)
     d_words, d_prefix = cuda.to_device(words), cuda.to_device(prefix)
@@ -107,8 +108,17 @@ for M, n in [(1000, 3), (2**40 + 5, 4), (7, 1)]:
         launch_1d(gpu.units_of_bitmap_kernel, W, cuda.to_device(words), cuda.to_device(prefix), p, n, M, B,
                   cuda.to_device(keys), d_out)
         same(f"units_of_bitmap M={M} p={p}", d_out.copy_to_host(), ref)
+        for idt in (np.int32, np.int64):   # the Pull's positions format
+            pos = positions.astype(idt)
+            ref = np.zeros(pos.size, np.int64)
+            cpu.units_of_positions(pos, p, n, M, B, keys, ref)
+            d_out = cuda.to_device(np.zeros(pos.size, np.int64))
+            launch_1d(gpu.units_of_positions_kernel, pos.size, cuda.to_device(pos), p, n, M, B,
+                      cuda.to_device(keys), d_out)
+            same(f"units_of_positions M={M} p={p} {idt.__name__}", d_out.copy_to_host(), ref)
 
-for vdt, scale, divisor in [(np.float32, 1.0, 0), (np.float64, 0.25, 0), (np.int64, 1.0, 3)]:
+for vdt, scale, divisor in [(np.float32, 1.0, 0), (np.float64, 0.25, 0), (np.int64, 1.0, 3),
+                            (np.float32, 1 / 3, 0), (np.int32, 0.5, 0)]:
     vals = (rng.standard_normal((30, 2)) * 10).astype(vdt)
     rows = rng.choice(100, 30, replace=False).astype(np.int64)
     acc = vals.copy()
@@ -160,7 +170,8 @@ numba.cuda.dispatcher.get_current_device = lambda: SimpleNamespace(compute_capab
 from zen_hvd.cuda_kernels import data_path_gpu as g
 i64, u64, i32 = types.int64[::1], types.uint64[::1], types.int32[::1]
 i, f = types.int64, types.float64
-for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[::1], types.float64[:, ::1])]:
+for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[::1], types.float64[:, ::1]),
+                   (types.int64[::1], types.int64[:, ::1])]:
     sigs = {{
         g.pack_kernel: (i32, vals, i64, i64, i64, i64, i64, i64, rows, types.boolean),
         g.set_bits_kernel: (u64, i64),
@@ -168,6 +179,7 @@ for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[:
         g.add_part_kernel: (rows, u64, i64, i64, rows, f),
         g.add_slots_kernel: (rows, i64, rows, f),
         g.units_of_bitmap_kernel: (u64, i64, i, i, i, i, i64, i64),
+        g.units_of_positions_kernel: (i32, i, i, i, i, i64, i64),
         g.bitmap_positions_kernel: (u64, i64, i64),
         g.scale_rows_kernel: (rows, f, i),
         g.scatter_kernel: (rows, i64, rows),
@@ -189,7 +201,7 @@ def test_gpu_data_path_compiles_to_ptx(cc):
     for ln in stdout.splitlines():
         if ln.startswith("KERNEL"):
             atoms.setdefault(ln.split()[1], set()).update(ln.split()[2:])
-    assert len(atoms) == 9, atoms
+    assert len(atoms) == 10, atoms
     assert any("or" in op for op in atoms["set_bits_kernel"]), atoms     # the bitmap's atomic or
     # deterministic aggregation: no atomics where values are added
     assert atoms["add_part_kernel"] == {"-"} and atoms["add_slots_kernel"] == {"-"}, atoms

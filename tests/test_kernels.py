@@ -233,8 +233,8 @@ except Exception as e:  # NVVM / NVRTC libraries missing
 numba.cuda.dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
 
 from zen_hvd.cuda_kernels import h0, hierarchical_hashing as hh
-SCALARS = {{"M", "B", "n", "k", "r1", "r2"}}
-for kernel in (h0.permute_kernel, h0.unpermute_kernel, hh.hash_kernel, hh.compact_kernel):
+SCALARS = {{"M", "B", "n", "k", "r1", "r2", "value"}}
+for kernel in (h0.permute_kernel, h0.unpermute_kernel, hh.hash_kernel, hh.compact_kernel, hh.fill_kernel):
     params = inspect.signature(kernel.py_func).parameters
     ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(i if p in SCALARS else a for p in params),
                               cc=cc)
@@ -251,5 +251,6 @@ def test_kernels_compile_to_ptx(cc):
         pytest.skip(f"CUDA compiler libraries unavailable: {stdout.strip()}")
     atoms = {ln.split()[1]: ln.split()[2:] for ln in stdout.splitlines()
              if ln.startswith("KERNEL")}
-    assert set(atoms) == {"permute_kernel", "unpermute_kernel", "hash_kernel", "compact_kernel"}
+    assert set(atoms) == {"permute_kernel", "unpermute_kernel", "hash_kernel", "compact_kernel",
+                          "fill_kernel"}
     assert any("cas" in op for op in atoms["hash_kernel"]), atoms  # Algorithm 1's claim

@@ -36,6 +36,19 @@ def test_gpu_partitioner_in_real_syncs_under_cuda_simulator():
     assert "all cases passed" in proc.stdout
 
 
+def test_device_data_path_under_cuda_simulator():
+    # Every step of a balanced sync as a device kernel (zen_hvd/device_sync.py), simulated on
+    # CPU tensors, against the host path bit for bit and a float64 sum.
+    proc = mpirun(3, "device_path_cases.py", "--examples", 6, env={"NUMBA_ENABLE_CUDASIM": "1"})
+    assert "all cases passed" in proc.stdout
+
+
+def test_device_data_path_on_the_torch_transport():
+    proc = mpirun(2, "device_path_cases.py", "--transport", "torch", "--examples", 2,
+                  env={"NUMBA_ENABLE_CUDASIM": "1"})
+    assert "all cases passed" in proc.stdout and "torch transport" in proc.stdout
+
+
 def test_memory_follows_nnz_on_a_3e9_row_table():
     proc = mpirun(3, "memory_cases.py")
     assert "all cases passed" in proc.stdout

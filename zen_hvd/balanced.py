@@ -105,8 +105,7 @@ class BalancedParallelism:
         header[COL["nnz"]] = counts.sum()
         header[COUNTS:] = counts
         H = header.nbytes
-        sizes = H + ((counts * isz + 7) & ~7) + ((counts * vsz + 7) & ~7)
-        offs = np.cumsum(sizes) - sizes
+        sizes, offs = push_layout(counts, H, isz, vsz)
         buf = np.zeros(int(sizes.sum()), np.uint8)
         for off in offs:
             buf[off:off + H].view(np.int64)[:] = header
@@ -124,34 +123,22 @@ class BalancedParallelism:
 
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
-        expected = H + ((from_worker * isz + 7) & ~7) + ((from_worker * vsz + 7) & ~7)
-        malformed = short or [r for r in range(n) if parts[r].size != expected[r]]
-        if malformed:
+        if malformed_push(short, [p.size for p in parts], from_worker, H, isz, vsz):
             pull = np.array([_MALFORMED], np.int64).view(np.uint8)
         else:
             pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale,
                                    scale, divisor)
 
         # 4. Pull (round 2): the aggregated values of every server land back to back
-        bodies, tails = tr.pull_joined(pull, lambda tag: (tag >> 1) * vsz if tag >= 0 else 0)
+        bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
         tags = [int(t[-8:].view(np.int64)[0]) if t.size >= 8 else _MALFORMED for t in tails]
-        if _MALFORMED in tags:
-            bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
-            raise InvalidTensorError(
-                f"zen_hvd: tensor {name!r}: servers {bad} received a Push message whose size "
-                "does not match its header (a peer sent a different tensor or a corrupt message)")
+        K, nbs = pull_formats(name, tags, [t.size for t in tails], M, n, isz, vsz)
 
         # 5. decode (pass 3: the values are already in place, scaled by their server)
         B = h0.domain_bits(M)
-        K = [t >> 1 for t in tags]
         all_units = np.empty(sum(K), np.int64)
         start = 0
-        for s, (tail, t, k) in enumerate(zip(tails, tags, K)):
-            nb = (h0.server_size(M, n, s) + 63) // 64 * 8 if t & 1 == BITMAP else pad8(k * isz)
-            if tail.size != nb + 8:
-                raise InvalidTensorError(
-                    f"zen_hvd: tensor {name!r}: the Pull message of server {s} does not have the "
-                    f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
+        for s, (tail, t, k, nb) in enumerate(zip(tails, tags, K, nbs)):
             dst = all_units[start:start + k]
             if t & 1 == BITMAP:
                 kernels.units_of_bitmap(tail[:nb].view(np.uint64), s, n, M, B, keys, dst)
@@ -182,7 +169,7 @@ class BalancedParallelism:
             positions.append(b[H:H + k * isz].view(idt))
             v0 = H + pad8(k * isz)
             values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
-        nb_bitmap = (h0.server_size(M, n, me) + 63) // 64 * 8
+        nb_bitmap = bitmap_nbytes(M, n, me)
         if nb_bitmap > pad8(sum(j.size for j in positions) * isz):
             # Positions are fewer bytes than the bitmap even before duplicates merge: find the
             # union by sorting them, so memory follows nnz and not M / n.
@@ -204,6 +191,50 @@ class BalancedParallelism:
             kernels.add_part(acc, words, prefix, j, v, prescale)
         kernels.scale_rows(acc, scale, divisor)
         return pull
+
+
+def push_layout(counts, H, isz, vsz):
+    """(sizes, offsets) of the Push buffer's parts: part p is [header, H bytes][counts[p]
+    positions of isz bytes, padded to 8][their values, vsz bytes each, padded to 8]."""
+    sizes = H + ((counts * isz + 7) & ~7) + ((counts * vsz + 7) & ~7)
+    return sizes, np.cumsum(sizes) - sizes
+
+
+def malformed_push(short, part_sizes, from_worker, H, isz, vsz) -> bool:
+    """Whether a received Push part is too short for its header or not the size its header
+    announces for this server (then the server answers with the _MALFORMED tag)."""
+    expected = push_layout(np.asarray(from_worker, np.int64), H, isz, vsz)[0]
+    return bool(short) or any(int(s) != int(e) for s, e in zip(part_sizes, expected))
+
+
+def pull_body_nbytes(vsz):
+    """The body length of a Pull message from its tag 2 K + format: K rows of vsz bytes."""
+    return lambda tag: (tag >> 1) * vsz if tag >= 0 else 0
+
+
+def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
+    """(K, index bytes) per server from the Pull tags, each checked against its message: an
+    InvalidTensorError names the tensor when a server saw a malformed Push or a message is
+    not the size its tag says."""
+    if _MALFORMED in tags:
+        bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
+        raise InvalidTensorError(
+            f"zen_hvd: tensor {name!r}: servers {bad} received a Push message whose size "
+            "does not match its header (a peer sent a different tensor or a corrupt message)")
+    K, nbs = [t >> 1 for t in tags], []
+    for s, (t, k, size) in enumerate(zip(tags, K, tail_sizes)):
+        nb = bitmap_nbytes(M, n, s) if t & 1 == BITMAP else pad8(k * isz)
+        if size != nb + 8:
+            raise InvalidTensorError(
+                f"zen_hvd: tensor {name!r}: the Pull message of server {s} does not have the "
+                f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
+        nbs.append(nb)
+    return K, nbs
+
+
+def bitmap_nbytes(M, n, s) -> int:
+    """Bytes of server s's hash bitmap: one bit per unit of I_s, in whole uint64 words."""
+    return (h0.server_size(M, n, s) + 63) // 64 * 8
 
 
 def _pull_buffer(K, nb, fmt, vdtype, D):

@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import torch
 
-from . import auto, runtime
+from . import auto, device_sync, runtime
 from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
@@ -67,12 +67,12 @@ def result(tensor, layout, units, values) -> torch.Tensor:
     elif units is None:
         out = values.reshape(layout.shape)
     else:
-        out = torch.zeros((layout.num_units, layout.unit_size), dtype=values.dtype)
-        if units.size:
-            out[torch.from_numpy(units)] = values
+        out = torch.zeros((layout.num_units, layout.unit_size), dtype=values.dtype, device=values.device)
+        if len(units):
+            out[torch.as_tensor(units, device=values.device)] = values
         out = out.reshape(layout.shape)
     out = out.to(layout.dtype) if out.dtype != layout.dtype else out
-    return out.to(tensor.device) if tensor.device.type != "cpu" else out
+    return out.to(tensor.device) if out.device != tensor.device else out
 
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
@@ -101,7 +101,10 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     chosen = auto.choose(name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
-    cpu = cpu.cpu() if cpu.device.type != "cpu" else cpu
+    # Balanced parallelism keeps a CUDA tensor on its device (device_sync.py); every other
+    # scheme, and the host path, works on a host copy.
+    on_device = chosen == "balanced" and layout.num_units > 0 and device_sync.wanted(layout)
+    cpu = cpu.cpu() if cpu.device.type != "cpu" and not on_device else cpu
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
     divisor = tr.size if op == average and not floating else 0
@@ -112,6 +115,16 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
         info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
         if out is not None:
+            units, values = None, out
+    elif on_device:
+        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
+                             np.zeros(tr.size, np.int64), step)
+        dev = widened(cpu)
+        target = out if out is not None and out.dtype == dev.dtype and out.device == dev.device else None
+        units, values, info = device_sync.sync(name, dev, layout, header, ctx, SCHEME_NAMES,
+                                               float(prescale_factor), scale, divisor, target, ordered)
+        if out is not None and target is None:
+            out.copy_(values)
             units, values = None, out
     elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
         cpu = widened(cpu)

@@ -98,8 +98,8 @@ def sparse_result(layout: Layout, units: np.ndarray, values: torch.Tensor) -> to
     """A sparse tensor of unique units and their [K, D] values: coalesced when the units are
     ascending, else marked uncoalesced (as Horovod's sparse allreduce returns its result)."""
     indices = _delinearize(units, layout.shape[:layout.sparse_dim])
-    values = values.reshape((units.size,) + tuple(layout.shape[layout.sparse_dim:]))
-    ascending = units.size < 2 or bool((units[1:] > units[:-1]).all())
+    values = values.reshape((len(units),) + tuple(layout.shape[layout.sparse_dim:]))
+    ascending = len(units) < 2 or bool((units[1:] > units[:-1]).all())
     return torch.sparse_coo_tensor(indices, values, layout.shape, is_coalesced=ascending,
                                    check_invariants=False)
 
@@ -197,16 +197,18 @@ def _linearize(indices: torch.Tensor, dims) -> np.ndarray:
     return units
 
 
-def _delinearize(units: np.ndarray, dims) -> torch.Tensor:
+def _delinearize(units, dims) -> torch.Tensor:
+    """[len(dims), K] indices of K linear units (numpy, or a torch tensor on any device)."""
+    units = torch.from_numpy(units) if isinstance(units, np.ndarray) else units
     if len(dims) == 1:
-        return torch.from_numpy(units).reshape(1, -1)
-    rows = []
-    rest = units.copy()
+        return units.reshape(1, -1)
+    rows, rest = [], units
     for size in reversed(dims):
         rows.append(rest % size)
-        rest //= size
+        rest = rest // size
     rows.reverse()
-    return torch.from_numpy(np.stack(rows) if rows else np.zeros((0, units.size), np.int64))
+    return torch.stack(rows) if rows else torch.zeros((0, units.numel()), dtype=torch.int64,
+                                                      device=units.device)
 
 
 def _first_out_of_range(idx: torch.Tensor, dims) -> int:

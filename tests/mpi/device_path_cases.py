@@ -1,0 +1,141 @@
+"""Balanced parallelism's device data path (zen_hvd/device_sync.py) in real multi-rank syncs.
+
+    NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi/device_path_cases.py [--transport T] [--examples K]
+
+Off a GPU the device kernels run in Numba's CUDA simulator on CPU tensors
+(ZEN_HVD_DATA_PATH=device), so sizes stay small. Every case syncs the same inputs on the host
+path and on the device path and checks: the two results are bitwise equal, equal to a float64
+sum of every rank's input, and identical on every rank; a rank on the host path and a rank on
+the device path meet in one sync (the same wire format); bad input raises the same error on
+every rank.
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from common import digest, same_on_all_ranks
+
+import zen_hvd
+from zen_hvd import runtime
+from zen_hvd.header import InvalidTensorError, TensorMismatchError
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--transport", default=None)
+parser.add_argument("--examples", type=int, default=12)
+args = parser.parse_args()
+
+zen_hvd.init()
+import horovod.torch as hvd  # noqa: E402
+
+n, me = hvd.size(), hvd.rank()
+tr = runtime.get_transport(args.transport)
+count = iter(range(10 ** 6))
+
+
+def sync(t, path, **kw):
+    os.environ["ZEN_HVD_DATA_PATH"] = path
+    try:
+        return zen_hvd.sparse_allreduce(t, name=f"case{next(count)}", scheme="balanced",
+                                        transport=args.transport, **kw)
+    finally:
+        del os.environ["ZEN_HVD_DATA_PATH"]
+
+
+def inputs(seed, M, D, density, dtype, sparse, duplicates):
+    """Every rank's [M, D] input (each rank builds them all from the seed): row-sparse,
+    uncoalesced when `duplicates`, or dense (sparse None); and their float64 sum."""
+    rng = np.random.default_rng(seed)
+    ts = []
+    for r in range(n):
+        units = np.sort(rng.choice(M, int(rng.binomial(M, density)), replace=False)).astype(np.int64)
+        if duplicates and units.size:
+            units = np.concatenate([units, rng.choice(units, units.size // 2 + 1)])
+        vals = rng.integers(-50, 50, (units.size, D)) if not dtype.is_floating_point else \
+            rng.standard_normal((units.size, D))
+        t = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1),
+                                    torch.from_numpy(vals).to(dtype), (M, D))
+        ts.append(t if sparse else t.to_dense())
+    ref = sum(t.to_dense().double() for t in ts)
+    return ts, ref
+
+
+def check(seed, M, D, density, dtype, sparse, duplicates, op, prescale):
+    ts, ref = inputs(seed, M, D, density, dtype, sparse, duplicates)
+    kw = dict(op=op, prescale_factor=prescale)
+    host, device = sync(ts[me], "host", **kw), sync(ts[me], "device", **kw)
+    where = f"seed={seed} M={M} D={D} density={density} {dtype} sparse={sparse} op={op}"
+    assert host.is_sparse == device.is_sparse == bool(sparse), where
+    if sparse:
+        assert torch.equal(host._indices(), device._indices()), f"{where}: other units"
+        h, d = host._values(), device._values()
+    else:
+        h, d = host, device
+    # An uncoalesced input's duplicates are summed by torch's coalesce on the device and in
+    # input order on the host: the same sum, possibly rounded differently.
+    same = torch.equal(h, d) if not duplicates else torch.allclose(h.double(), d.double(), atol=1e-5)
+    assert h.dtype == d.dtype == dtype and same, f"{where}: host and device differ"
+    want = ref * prescale / (n if op == zen_hvd.Average else 1)
+    if not dtype.is_floating_point and op == zen_hvd.Average:
+        want = torch.trunc(ref * prescale / n)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
+    assert torch.allclose(device.to_dense().double(), want, **tol), f"{where}: wrong sum"
+    assert same_on_all_ranks(tr, digest(device)), f"{where}: ranks differ"
+
+
+# Fixed cases: the bitmap and positions Pull formats, the sorted aggregate (a table far larger
+# than its non-zeros), duplicates, dense tables, integers averaged, half precision.
+fixed = [
+    (1, 500, 4, 0.3, torch.float32, "row", False, zen_hvd.Average, 1.0),
+    (2, 5000, 2, 0.02, torch.float32, "row", True, zen_hvd.Sum, 1.0),
+    (3, 10 ** 6, 3, 1e-5, torch.float64, "row", False, zen_hvd.Sum, 0.5),
+    (4, 200, 3, 0.5, torch.float32, None, False, zen_hvd.Average, 1.0),
+    (5, 300, 2, 0.4, torch.int64, "row", False, zen_hvd.Average, 1.0),
+    (6, 400, 1, 0.1, torch.float16, "row", False, zen_hvd.Sum, 1.0),
+    (7, 64, 2, 0.0, torch.float32, "row", False, zen_hvd.Sum, 1.0),
+    (8, 64, 2, 1.0, torch.float32, "row", False, zen_hvd.Average, 2.0),
+]
+for case in fixed:
+    check(*case)
+
+
+@settings(max_examples=args.examples, derandomize=True, deadline=None, database=None,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2 ** 31), M=st.integers(1, 2000), D=st.sampled_from([1, 3, 8]),
+       density=st.floats(0, 1), dtype=st.sampled_from([torch.float32, torch.float64, torch.int32]),
+       sparse=st.sampled_from(["row", None]), duplicates=st.booleans(),
+       op=st.sampled_from([zen_hvd.Average, zen_hvd.Sum]))
+def test_random(seed, M, D, density, dtype, sparse, duplicates, op):
+    check(seed, M, D, density, dtype, sparse, duplicates and sparse is not None, op, 1.0)
+
+
+test_random()
+
+# One rank on the host path, the others on the device path: one wire format, one result.
+ts, ref = inputs(11, 700, 3, 0.2, torch.float32, "row", False)
+mixed = sync(ts[me], "host" if me == 0 else "device", op=zen_hvd.Sum)
+assert torch.allclose(mixed.to_dense().double(), ref, atol=1e-5) and same_on_all_ranks(tr, digest(mixed))
+
+# Bad input: every rank raises the same error, naming the tensor, and the next sync works.
+bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2))
+os.environ["ZEN_HVD_DATA_PATH"] = "device"
+try:
+    zen_hvd.sparse_allreduce(bad, name="out_of_range", scheme="balanced", transport=args.transport)
+    raise AssertionError("an index out of range was not caught")
+except InvalidTensorError as e:
+    assert "out_of_range" in str(e) and "500" in str(e), e
+try:
+    t = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2, dtype=torch.float64 if me else torch.float32), (100, 2))
+    zen_hvd.sparse_allreduce(t, name="dtypes", scheme="balanced", transport=args.transport)
+    raise AssertionError("a dtype mismatch was not caught")
+except TensorMismatchError as e:
+    assert "dtypes" in str(e), e
+del os.environ["ZEN_HVD_DATA_PATH"]
+check(12, 300, 2, 0.3, torch.float32, "row", False, zen_hvd.Sum, 1.0)
+
+if me == 0:
+    print(f"device_path_cases: all cases passed ({len(fixed)} fixed, {args.examples} random, "
+          f"{n} ranks, {tr.name} transport)")
