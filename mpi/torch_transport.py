@@ -12,6 +12,14 @@ a longer message sends its rest at once as a second part, whose irecv the receiv
 it has read the length. So a round is one message per peer, no collective, and a second only
 for messages over EAGER bytes. Tags keep Push, Pull and the two parts of a message apart.
 
+Device buffers (the device data path, zen_hvd/device_sync.py) travel over NCCL, which
+receives only the exact size sent: each round first sends every peer its message's size (and
+a Pull message's tag) in a small gloo message on the round's tag, then the data point to point in one
+batch_isend_irecv on an NCCL group made beside the gloo one at the first device sync. A Pull
+message's body and tail go as two sends, so the body lands straight in its place among the
+others. ZEN_HVD_TORCH_SIZED=1 runs this sized protocol over gloo on CPU tensors as well (how
+the suite tests it without a GPU).
+
 A failed wait (a peer closed or reset its connection, or gloo's timeout, the stall shutdown
 time, passed) raises HorovodInternalError naming the tensor, as Horovod's own collectives do
 when a peer is lost: elastic Horovod (zen_hvd.elastic.run) then resets and rebuilds the
@@ -29,9 +37,10 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import Transport, as_tensor, split
+from .transport import Transport, as_tensor, body_length, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # first parts travel on tag, the rest on tag + 1
+SIZED = 0x5A454E53495A4544   # first word of a device round's size message
 EAGER = 1 << 18   # bytes of a message's first part, length included
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
 
@@ -159,6 +168,7 @@ class TorchTransport(Transport):
             dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
                                     rank=rank, world_size=size, **kw)
             self._group = None
+        self._nccl = None   # made at the first device sync (_data_group)
         super().__init__(rank, size)
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
@@ -170,10 +180,11 @@ class TorchTransport(Transport):
         atexit.unregister(self.close)
         if not self._dist.is_initialized():
             return
-        try:
-            self._dist.destroy_process_group(self._group)
-        except (RuntimeError, ValueError, AssertionError):   # already gone with its peers
-            pass
+        for group in ([self._nccl] if self._nccl is not None else []) + [self._group]:
+            try:
+                self._dist.destroy_process_group(group)
+            except (RuntimeError, ValueError, AssertionError):   # already gone with its peers
+                pass
 
     # -- point to point ------------------------------------------------------------------
     @_peer_loss
@@ -238,6 +249,80 @@ class TorchTransport(Transport):
         parts = self._exchange([send] * self.size, tag)
         parts[self.rank] = send
         return parts
+
+    # -- device buffers: sizes over gloo, then the data over NCCL ----------------------------
+    def moves_device_memory(self, device):
+        if device.type == "cuda":
+            return self._dist.is_nccl_available()
+        return os.environ.get("ZEN_HVD_TORCH_SIZED") == "1"
+
+    def _data_group(self, device):
+        """The group that moves tensors on `device`: an NCCL group for CUDA (made at the first
+        device sync, which every rank reaches together, and warmed with one allreduce so that
+        later point-to-point batches need not involve every rank), else the gloo group."""
+        if device.type != "cuda":
+            return self._group
+        if self._nccl is None:
+            self._nccl = self._dist.new_group(backend="nccl")
+            self._dist.all_reduce(torch.zeros(1, device=device), group=self._nccl)
+        return self._nccl
+
+    def _sizes(self, rows, tag):
+        """rows[r] (int64 numpy) goes to peer r over gloo, as [SIZED, *row] on the round's own
+        tag; returns the rows received. A peer that sent its round's data from host memory
+        (its tensor on the CPU, this rank's on a GPU) sent something else on that tag: then
+        this rank raises, and that peer, which received a message too short for a header,
+        raises too (balanced.py), instead of both waiting for messages that never come."""
+        sends = [np.concatenate([[SIZED], r]).astype(np.int64).view(np.uint8) for r in rows]
+        got = self._exchange(sends, tag)
+        want = sends[0].size
+        bad = [r for r, g in enumerate(got) if r != self.rank and
+               (g.size != want or int(g[:8].view(np.int64)[0]) != SIZED)]
+        if bad:
+            raise ValueError(f"zen_hvd: tensor {self.activity!r}: ranks {bad} sent it from host "
+                             "memory while this rank sends it from the GPU: every rank must hold "
+                             "the tensor on the same kind of device")
+        return [g[8:].view(np.int64) for g in got]
+
+    @_peer_loss
+    def _batch(self, device, sends, recvs):
+        """One batch_isend_irecv: sends and recvs are (peer, tensor) pairs, empty ones left out
+        (both sides know the sizes)."""
+        group, dist = self._data_group(device), self._dist
+        ops = [dist.P2POp(dist.isend, t, r, group=group) for r, t in sends if t.numel()]
+        ops += [dist.P2POp(dist.irecv, t, r, group=group) for r, t in recvs if t.numel()]
+        for req in dist.batch_isend_irecv(ops) if ops else []:
+            req.wait()
+
+    def _push_device(self, send, send_counts):
+        me, peers = self.rank, [r for r in range(self.size) if r != self.rank]
+        mine = split(send, send_counts)
+        sizes = self._sizes([np.array([c], np.int64) for c in send_counts], PUSH_TAG)
+        parts = [mine[me] if r == me else torch.empty(int(sizes[r][0]), dtype=torch.uint8,
+                                                      device=send.device) for r in range(self.size)]
+        self._batch(send.device, [(r, mine[r]) for r in peers], [(r, parts[r]) for r in peers])
+        return parts
+
+    def _pull_joined_device(self, send, body_nbytes):
+        me, peers = self.rank, [r for r in range(self.size) if r != self.rank]
+        tag = int(send[-8:].cpu().view(torch.int64)[0]) if send.numel() >= 8 else -1
+        row = np.array([send.numel(), tag], np.int64)
+        rows = self._sizes([row] * self.size, PULL_TAG)
+        rows[me] = row
+        # Each message splits where pull_joined splits it: [body][pad to 8][tail].
+        cut = [body_length(int(n), int(t), body_nbytes) for n, t in rows]
+        bodies = torch.empty(sum(cut), dtype=torch.uint8, device=send.device)
+        starts = np.cumsum(cut) - cut
+        tails = [torch.empty(int(n) - pad8(b), dtype=torch.uint8, device=send.device)
+                 for (n, _), b in zip(rows, cut)]
+        bodies[starts[me]:starts[me] + cut[me]] = send[:cut[me]]
+        tails[me] = send[pad8(cut[me]):]
+        ours = [send[:cut[me]], send[pad8(cut[me]):]]
+        recvs = []
+        for r in peers:
+            recvs += [(r, bodies[starts[r]:starts[r] + cut[r]]), (r, tails[r])]
+        self._batch(send.device, [(r, t) for r in peers for t in ours], recvs)
+        return (bodies, tails), int(sum(n for n, _ in rows) - send.numel())
 
     # -- what the baselines use, on the same primitives -----------------------------------
     def _alltoallv(self, send, send_counts, recv_counts):

@@ -177,7 +177,7 @@ class Transport:
         on send's device. Here staged through host memory (a CPU tensor is not copied);
         transports that move device memory override _push_device."""
         assert send.dtype == torch.uint8
-        if send.device.type != "cpu" and self.moves_device_memory(send.device):
+        if self.size > 1 and self.moves_device_memory(send.device):
             send_counts = [int(c) for c in send_counts]
             parts = self._push_device(send, send_counts)
             self._count(sum(send_counts) - send_counts[self.rank],
@@ -191,7 +191,7 @@ class Transport:
         on send's device, staged through host memory unless the transport moves device
         memory (_pull_joined_device)."""
         assert send.dtype == torch.uint8
-        if send.device.type != "cpu" and self.moves_device_memory(send.device) and self.size > 1:
+        if self.size > 1 and self.moves_device_memory(send.device):
             got, received = self._pull_joined_device(send, body_nbytes)
             self._count(send.numel() * (self.size - 1), received, control)
             return got
@@ -199,7 +199,8 @@ class Transport:
         return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
 
     def moves_device_memory(self, device) -> bool:
-        """Whether this transport sends and receives tensors on `device` without host copies."""
+        """Whether this transport sends and receives tensors on `device` itself (with
+        _push_device and _pull_joined_device) rather than through host copies."""
         return False
 
     def _push_device(self, send, send_counts):
@@ -265,10 +266,16 @@ def as_tensor(a: np.ndarray) -> torch.Tensor:
 def body_of(message: np.ndarray, body_nbytes) -> int:
     """The body length of one [body][pad to 8][tail] message (pull_joined), or 0 when the
     message is too short for its closing int64 or for the body it announces."""
-    if message.size < 8:
+    return body_length(message.size, int(message[-8:].view(np.int64)[0]) if message.size >= 8 else -1,
+                       body_nbytes)
+
+
+def body_length(nbytes: int, tag: int, body_nbytes) -> int:
+    """body_of from a message's size and its closing int64 (any value when nbytes < 8)."""
+    if nbytes < 8:
         return 0
-    b = int(body_nbytes(int(message[-8:].view(np.int64)[0])))
-    return b if 0 <= b and pad8(b) + 8 <= message.size else 0
+    b = int(body_nbytes(tag))
+    return b if 0 <= b and pad8(b) + 8 <= nbytes else 0
 
 
 def _joined(parts, body_nbytes):

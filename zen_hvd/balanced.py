@@ -118,12 +118,12 @@ class BalancedParallelism:
         # 2. Push (round 1), the header check
         parts = tr.push(buf, sizes, control=H)
         table, short = _header_table(parts, H, header.size)
-        if not short:
-            check_table(name, table, scheme_names, names_gatherer(tr))
+        check_push(name, short)
+        check_table(name, table, scheme_names, names_gatherer(tr))
 
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
-        if malformed_push(short, [p.size for p in parts], from_worker, H, isz, vsz):
+        if malformed_push([p.size for p in parts], from_worker, H, isz, vsz):
             pull = np.array([_MALFORMED], np.int64).view(np.uint8)
         else:
             pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale,
@@ -200,11 +200,22 @@ def push_layout(counts, H, isz, vsz):
     return sizes, np.cumsum(sizes) - sizes
 
 
-def malformed_push(short, part_sizes, from_worker, H, isz, vsz) -> bool:
-    """Whether a received Push part is too short for its header or not the size its header
-    announces for this server (then the server answers with the _MALFORMED tag)."""
+def check_push(name, short) -> None:
+    """Raises when a Push part is too short to hold a header: its sender is not running this
+    protocol (a device round's size message, when ranks hold the tensor on different kinds of
+    device), and it raises in the same round."""
+    if short:
+        raise InvalidTensorError(
+            f"zen_hvd: tensor {name!r}: ranks {short} sent a Push message too short for a header "
+            "(a peer running another protocol: does every rank hold the tensor on the same kind "
+            "of device?)")
+
+
+def malformed_push(part_sizes, from_worker, H, isz, vsz) -> bool:
+    """Whether a received Push part is not the size its header announces for this server
+    (then the server answers with the _MALFORMED tag, so that every rank raises)."""
     expected = push_layout(np.asarray(from_worker, np.int64), H, isz, vsz)[0]
-    return bool(short) or any(int(s) != int(e) for s, e in zip(part_sizes, expected))
+    return any(int(s) != int(e) for s, e in zip(part_sizes, expected))
 
 
 def pull_body_nbytes(vsz):

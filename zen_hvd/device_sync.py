@@ -34,8 +34,8 @@ import os
 import numpy as np
 import torch
 
-from .balanced import (_MALFORMED, _header_table, bitmap_nbytes, malformed_push, pull_body_nbytes,
-                       pull_formats, push_layout)
+from .balanced import (_MALFORMED, _header_table, bitmap_nbytes, check_push, malformed_push,
+                       pull_body_nbytes, pull_formats, push_layout)
 from .header import COL, COUNTS, InvalidTensorError, check_table, names_gatherer
 from .units import INDEX_OUT_OF_RANGE, OK
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
@@ -176,12 +176,12 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     parts = tr.push_device(buf, sizes, control=H)
     heads = [np.asarray(h) for h in _to_host([p[:H] for p in parts])]
     table, short = _header_table(heads, H, header.size)
-    if not short:
-        check_table(name, table, scheme_names, names_gatherer(tr))
+    check_push(name, short)
+    check_table(name, table, scheme_names, names_gatherer(tr))
 
     # 3. aggregate
     from_worker = table[:, COUNTS + me]
-    if malformed_push(short, [p.numel() for p in parts], from_worker, H, isz, vsz):
+    if malformed_push([p.numel() for p in parts], from_worker, H, isz, vsz):
         pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8)).to(dev)
     else:
         pull = _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)

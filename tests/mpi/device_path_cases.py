@@ -1,9 +1,11 @@
 """Balanced parallelism's device data path (zen_hvd/device_sync.py) in real multi-rank syncs.
 
     NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi/device_path_cases.py [--transport T] [--examples K]
+    mpirun -np N python tests/mpi/device_path_cases.py --device cuda     # on a GPU (gpu_check.sh)
 
 Off a GPU the device kernels run in Numba's CUDA simulator on CPU tensors
-(ZEN_HVD_DATA_PATH=device), so sizes stay small. Every case syncs the same inputs on the host
+(ZEN_HVD_DATA_PATH=device), so sizes stay small. With --device cuda the inputs are CUDA
+tensors and the kernels run on the GPU; the host path then works on host copies. Every case syncs the same inputs on the host
 path and on the device path and checks: the two results are bitwise equal, equal to a float64
 sum of every rank's input, and identical on every rank; a rank on the host path and a rank on
 the device path meet in one sync (the same wire format); bad input raises the same error on
@@ -26,7 +28,9 @@ from zen_hvd.header import InvalidTensorError, TensorMismatchError
 parser = argparse.ArgumentParser()
 parser.add_argument("--transport", default=None)
 parser.add_argument("--examples", type=int, default=12)
+parser.add_argument("--device", default="cpu", help="where the inputs live: cpu (the simulator) or cuda")
 args = parser.parse_args()
+DEV = torch.device(args.device)
 
 zen_hvd.init()
 import horovod.torch as hvd  # noqa: E402
@@ -58,7 +62,7 @@ def inputs(seed, M, D, density, dtype, sparse, duplicates):
             rng.standard_normal((units.size, D))
         t = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1),
                                     torch.from_numpy(vals).to(dtype), (M, D))
-        ts.append(t if sparse else t.to_dense())
+        ts.append((t if sparse else t.to_dense()).to(DEV))
     ref = sum(t.to_dense().double() for t in ts)
     return ts, ref
 
@@ -82,8 +86,8 @@ def check(seed, M, D, density, dtype, sparse, duplicates, op, prescale):
     if not dtype.is_floating_point and op == zen_hvd.Average:
         want = torch.trunc(ref * prescale / n)
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
-    assert torch.allclose(device.to_dense().double(), want, **tol), f"{where}: wrong sum"
-    assert same_on_all_ranks(tr, digest(device)), f"{where}: ranks differ"
+    assert torch.allclose(device.to_dense().double().cpu(), want, **tol), f"{where}: wrong sum"
+    assert device.device.type == DEV.type and same_on_all_ranks(tr, digest(device.cpu())), f"{where}: ranks differ"
 
 
 # Fixed cases: the bitmap and positions Pull formats, the sorted aggregate (a table far larger
@@ -115,12 +119,45 @@ def test_random(seed, M, D, density, dtype, sparse, duplicates, op):
 test_random()
 
 # One rank on the host path, the others on the device path: one wire format, one result.
-ts, ref = inputs(11, 700, 3, 0.2, torch.float32, "row", False)
-mixed = sync(ts[me], "host" if me == 0 else "device", op=zen_hvd.Sum)
-assert torch.allclose(mixed.to_dense().double(), ref, atol=1e-5) and same_on_all_ranks(tr, digest(mixed))
+if os.environ.get("ZEN_HVD_TORCH_SIZED") != "1":
+    ts, ref = inputs(11, 700, 3, 0.2, torch.float32, "row", False)
+    mixed = sync(ts[me], "host" if me == 0 else "device", op=zen_hvd.Sum)
+    assert torch.allclose(mixed.to_dense().double().cpu(), ref, atol=1e-5)
+    assert same_on_all_ranks(tr, digest(mixed.cpu()))
+
+# Ranks on different kinds of device under the sized protocol (NCCL's): a size message meets
+# a data message, and every rank raises instead of waiting for the other's next message.
+if os.environ.get("ZEN_HVD_TORCH_SIZED") == "1":
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
+    try:
+        sync(t, "host" if me == 0 else "device")
+        raise AssertionError("ranks on host and device paths were not caught")
+    except ValueError as e:
+        assert "same kind of device" in str(e), e
+    raise SystemExit(print("device_path_cases: mixed devices raised on every rank") if me == 0 else 0)
+
+# A corrupt Push message (rank 1 sends rank 0 eight bytes more than its header says): on
+# either path every rank raises, naming the tensor and the server that saw it.
+if n > 1:
+    clean = tr.push
+
+    def corrupt(send, counts, control=0):
+        counts = [int(c) for c in counts]
+        longer = np.concatenate([send[:counts[0]], np.zeros(8, np.uint8), send[counts[0]:]])
+        return clean(longer, [counts[0] + 8] + counts[1:], control)
+
+    for path in ("host", "device"):
+        tr.push = corrupt if me == 1 else clean
+        try:
+            sync(torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV), path)
+            raise AssertionError(f"{path}: a corrupt Push message was not caught")
+        except InvalidTensorError as e:
+            assert "servers [0]" in str(e) and "does not match its header" in str(e), e
+        finally:
+            tr.push = clean
 
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
-bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2))
+bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
 os.environ["ZEN_HVD_DATA_PATH"] = "device"
 try:
     zen_hvd.sparse_allreduce(bad, name="out_of_range", scheme="balanced", transport=args.transport)
@@ -128,7 +165,8 @@ try:
 except InvalidTensorError as e:
     assert "out_of_range" in str(e) and "500" in str(e), e
 try:
-    t = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2, dtype=torch.float64 if me else torch.float32), (100, 2))
+    t = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2, dtype=torch.float64 if me else torch.float32),
+                                (100, 2)).to(DEV)
     zen_hvd.sparse_allreduce(t, name="dtypes", scheme="balanced", transport=args.transport)
     raise AssertionError("a dtype mismatch was not caught")
 except TensorMismatchError as e:
