@@ -197,7 +197,8 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     B, d_keys = h0.domain_bits(M), torch.from_numpy(np.asarray(keys, np.int64)).to(dev)
     bitmaps = {s: _word_prefix(tails[s][:nbs[s]].view(torch.int64))
                for s, t in enumerate(tags) if t & 1 == BITMAP}
-    found = dict(zip(bitmaps, (int(c.view(np.int64)[0]) for c in _to_host([total for _, total in bitmaps.values()]))))
+    totals = _to_host([total for _, total in bitmaps.values()])
+    found = {s: int(c.view(np.int64)[0]) for s, c in zip(bitmaps, totals)}
     if any(found[s] != K[s] for s in found):
         raise InvalidTensorError(
             f"zen_hvd: tensor {name!r}: the hash bitmap in the Pull message of servers "
@@ -241,7 +242,7 @@ def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale,
     nb_bitmap = bitmap_nbytes(M, n, me)
     if nb_bitmap > pad8(sum(j.numel() for j in positions) * isz):
         # far sparser than the bitmap: the union by a device sort, memory following nnz
-        union = torch.unique(torch.cat(positions).long()) if positions else torch.zeros(0, dtype=torch.int64, device=dev)
+        union = torch.unique(torch.cat(positions).long())
         K = union.numel()
         pull, acc, index = _pull_buffer(K, pad8(K * isz), POSITIONS, vdtype, D, dev)
         index[:K * isz].view(_TORCH[idt]).copy_(union)
