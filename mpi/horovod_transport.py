@@ -5,12 +5,14 @@ Pull are one alltoall each (Pull sends the same bytes to every rank) and no roun
 sizes.
 
 Works under `horovodrun --gloo` (no MPI job) as well as under mpirun, and with any process set.
+The device data path's CUDA buffers go to Horovod's GPU operations as they are (NCCL, or
+CUDA-aware MPI) when Horovod is built with CUDA; otherwise they are staged through host memory.
 """
 from __future__ import annotations
 
 import torch
 
-from .transport import Transport, as_tensor, split
+from .transport import Transport, as_tensor, joined, split
 
 
 class HorovodTransport(Transport):
@@ -23,6 +25,7 @@ class HorovodTransport(Transport):
         self._ps = process_set if process_set is not None else hvd.global_process_set
         super().__init__(self._ps.rank(), self._ps.size())
         self._ops = 0
+        self._cuda = bool(hvd.cuda_built())
 
     def _name(self) -> str:
         """Horovod matches collectives across ranks by name; unnamed ones get a per-process
@@ -48,6 +51,19 @@ class HorovodTransport(Transport):
 
     def _pull(self, send):
         return self._push_all(send)
+
+    # -- device buffers: the same alltoalls on tensors where they live ---------------------
+    def moves_cuda(self):
+        return self._cuda
+
+    def _push_device(self, send, send_counts):
+        out, received = self._hvd.alltoall(send, splits=torch.tensor(send_counts, dtype=torch.int32),
+                                            name=self._name(), process_set=self._ps)
+        return split(out, received.tolist())
+
+    def _pull_joined_device(self, send, body_nbytes):
+        parts = self._push_device(send.repeat(self.size), [send.numel()] * self.size)
+        return joined(parts, body_nbytes), sum(p.numel() for p in parts) - send.numel()
 
     def _allgatherv(self, send, recv_counts):
         return self._hvd.allgather(send, name=self._name(), process_set=self._ps)

@@ -11,11 +11,15 @@ A rank whose process ends sends each peer a farewell (its sync count) at exit; a
 rank that said farewell raises PeerLeftError at once, naming the ranks and their counts, so a
 rank that exits or runs ahead ends the job without waiting for the stall deadline.
 Buffers are the torch tensors' own memory (no copies); counts and displacements are explicit.
+The device data path's buffers (CUDA tensors) go to MPI as they are when the library is
+CUDA-aware (cuda_aware), after the tensor's stream has finished writing them; otherwise they
+are staged through host memory (Transport.push_device).
 Needs a real MPI job (mpirun, or horovodrun with MPI); under `horovodrun --gloo` there is none.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import time
 
@@ -23,10 +27,27 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import Transport, body_of, displacements, pad8, split
+from .transport import Transport, body_of, copy, displacements, empty_like, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
+CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
+
+
+def cuda_aware(MPI) -> bool:
+    """Whether the MPI library sends and receives CUDA memory itself: ZEN_HVD_CUDA_AWARE_MPI
+    ("1" or "0") if set, else Open MPI's MPIX_Query_cuda_support() (the cuda extension, which
+    reports the run time's support), else no (other libraries: set the variable)."""
+    forced = os.environ.get(CUDA_AWARE_VAR)
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{CUDA_AWARE_VAR} must be 0 or 1, not {forced!r}")
+        return forced == "1"
+    try:
+        query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support   # found through libmpi
+    except (OSError, AttributeError):
+        return False
+    return bool(query())
 
 
 class Mpi4pyTransport(Transport):
@@ -54,6 +75,7 @@ class Mpi4pyTransport(Transport):
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
         self._left = {}   # rank -> its sync count, for the ranks that said farewell
+        self._cuda_aware = cuda_aware(MPI)
         atexit.register(self._farewell)   # before mpi4py's MPI_Finalize (registered earlier)
 
     def close(self):
@@ -90,21 +112,28 @@ class Mpi4pyTransport(Transport):
         return f"{each} (this rank is in sync {self.syncs})"
 
     def _exchange(self, sends, tag):
-        """sends[r] (numpy uint8 or None) goes to rank r; returns the received parts as views
-        of one buffer (the part from this rank is empty)."""
+        """sends[r] (uint8 numpy, a tensor, or None) goes to rank r; returns the received parts
+        as views of one buffer where the sends live (the part from this rank is empty)."""
         MPI, comm, me = self._MPI, self.comm, self.rank
-        reqs = [(r, comm.Isend([buf, MPI.BYTE], dest=r, tag=tag))
+        reqs = [(r, comm.Isend(self._buffer(buf), dest=r, tag=tag))
                 for r, buf in enumerate(sends) if r != me]
         # Probe per source, not ANY_SOURCE: a peer that raised a header error may already
         # have sent its next sync's message, which must wait behind this one (MPI keeps each
         # source's messages in order).
         msgs, counts = self._probe([r for r in range(self.size) if r != me], tag)
-        parts = split(np.empty(sum(counts), np.uint8), counts)
+        parts = split(empty_like(next(b for b in sends if b is not None), sum(counts)), counts)
         for src, msg in enumerate(msgs):
             if msg is not None:
-                msg.Recv([parts[src], MPI.BYTE])
+                msg.Recv(self._buffer(parts[src]))
         self._wait(reqs)
         return parts
+
+    def _buffer(self, buf):
+        """MPI's view of a uint8 buffer: numpy as it is, a CPU tensor's numpy view, a CUDA
+        tensor itself (a CUDA-aware MPI reads its __cuda_array_interface__)."""
+        if isinstance(buf, torch.Tensor) and not buf.is_cuda:
+            buf = buf.numpy()
+        return [buf, self._MPI.BYTE]
 
     def _probe(self, sources, tag):
         """A matched probe of one message from each source, polled under the stall policy
@@ -170,12 +199,13 @@ class Mpi4pyTransport(Transport):
     def _pull_joined(self, send, body_nbytes):
         """The bodies received in place: message r is received where body r starts, right
         after body r - 1, so its tail lands where body r + 1 will go; the tail is copied out
-        before the next receive overwrites it. No pass over the bodies besides MPI's own."""
+        before the next receive overwrites it. No pass over the bodies besides MPI's own.
+        numpy buffers, or tensors on one device (the device route)."""
         MPI, comm, me = self._MPI, self.comm, self.rank
-        reqs = [(r, comm.Isend([send, MPI.BYTE], dest=r, tag=PULL_TAG)) for r in range(self.size) if r != me]
+        reqs = [(r, comm.Isend(self._buffer(send), dest=r, tag=PULL_TAG)) for r in range(self.size) if r != me]
         msgs, counts = self._probe([r for r in range(self.size) if r != me], PULL_TAG)
-        counts[me] = send.size
-        buf = np.empty(sum(counts), np.uint8)
+        counts[me] = len(send)
+        buf = empty_like(send, sum(counts))
         off, tails = 0, []
         for r in range(self.size):
             message = buf[off:off + counts[r]]
@@ -184,12 +214,24 @@ class Mpi4pyTransport(Transport):
                 message[:b] = send[:b]
                 tails.append(send[pad8(b):])
             else:
-                msgs[r].Recv([message, MPI.BYTE])
+                msgs[r].Recv(self._buffer(message))
                 b = body_of(message, body_nbytes)
-                tails.append(message[pad8(b):].copy())
+                tails.append(copy(message[pad8(b):]))
             off += b
         self._wait(reqs)
-        return (buf[:off], tails), sum(counts) - send.size
+        return (buf[:off], tails), sum(counts) - len(send)
+
+    # -- device buffers: the same rounds on tensors, for a CUDA-aware MPI -----------------
+    def moves_cuda(self):
+        return self._cuda_aware
+
+    def _push_device(self, send, send_counts):
+        _written(send)
+        return self._push(send, send_counts)
+
+    def _pull_joined_device(self, send, body_nbytes):
+        _written(send)
+        return self._pull_joined(send, body_nbytes)
 
     def _alltoallv(self, send, send_counts, recv_counts):
         recv = torch.empty(sum(recv_counts), dtype=torch.uint8)
@@ -230,3 +272,10 @@ class Mpi4pyTransport(Transport):
             msgs[peer].Recv([got, MPI.BYTE])
         self._wait(reqs)
         return got
+
+
+def _written(t: torch.Tensor) -> None:
+    """Wait until the kernels queued on t's stream have written it: MPI reads device memory
+    outside CUDA's stream order."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()

@@ -17,7 +17,7 @@ receives only the exact size sent: each round first sends every peer its message
 a Pull message's tag) in a small gloo message on the round's tag, then the data point to point in one
 batch_isend_irecv on an NCCL group made beside the gloo one at the first device sync. A Pull
 message's body and tail go as two sends, so the body lands straight in its place among the
-others. ZEN_HVD_TORCH_SIZED=1 runs this sized protocol over gloo on CPU tensors as well (how
+others. ZEN_HVD_DEVICE_BUFFERS=1 runs this sized protocol over gloo on CPU tensors as well (how
 the suite tests it without a GPU).
 
 A failed wait (a peer closed or reset its connection, or gloo's timeout, the stall shutdown
@@ -251,10 +251,8 @@ class TorchTransport(Transport):
         return parts
 
     # -- device buffers: sizes over gloo, then the data over NCCL ----------------------------
-    def moves_device_memory(self, device):
-        if device.type == "cuda":
-            return self._dist.is_nccl_available()
-        return os.environ.get("ZEN_HVD_TORCH_SIZED") == "1"
+    def moves_cuda(self):
+        return self._dist.is_nccl_available()
 
     def _data_group(self, device):
         """The group that moves tensors on `device`: an NCCL group for CUDA (made at the first

@@ -29,9 +29,12 @@ list of n parts, part `rank` being this rank's own (not sent). The first
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import torch
+
+DEVICE_BUFFERS_VAR = "ZEN_HVD_DEVICE_BUFFERS"   # "1": CPU buffers take the device route too
 
 
 @dataclasses.dataclass
@@ -69,6 +72,7 @@ class Transport:
         self.rank = rank
         self.size = size
         self.stats = CommStats()
+        self._cpu_by_device_route = os.environ.get(DEVICE_BUFFERS_VAR) == "1"
 
     def close(self) -> None:
         """Release what the transport holds (a reset: the ranks are about to change)."""
@@ -161,7 +165,7 @@ class Transport:
         receive in place override _pull_joined."""
         assert send.dtype == np.uint8
         if self.size == 1:
-            got = _joined([send], body_nbytes)
+            got = joined([send], body_nbytes)
         else:
             got, received = self._pull_joined(send, body_nbytes)
             self._count(send.size * (self.size - 1), received, control)
@@ -169,7 +173,7 @@ class Transport:
 
     def _pull_joined(self, send, body_nbytes):
         parts = self._pull(send)
-        return _joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
+        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
 
     # -- device buffers (the device data path, zen_hvd/device_sync.py) -------------------
     def push_device(self, send: torch.Tensor, send_counts, control: int = 0) -> list:
@@ -177,7 +181,9 @@ class Transport:
         on send's device. Here staged through host memory (a CPU tensor is not copied);
         transports that move device memory override _push_device."""
         assert send.dtype == torch.uint8
-        if self.size > 1 and self.moves_device_memory(send.device):
+        if self.size == 1:
+            return [send]
+        if self.moves_device_memory(send.device):
             send_counts = [int(c) for c in send_counts]
             parts = self._push_device(send, send_counts)
             self._count(sum(send_counts) - send_counts[self.rank],
@@ -191,7 +197,9 @@ class Transport:
         on send's device, staged through host memory unless the transport moves device
         memory (_pull_joined_device)."""
         assert send.dtype == torch.uint8
-        if self.size > 1 and self.moves_device_memory(send.device):
+        if self.size == 1:
+            return joined([send], body_nbytes)
+        if self.moves_device_memory(send.device):
             got, received = self._pull_joined_device(send, body_nbytes)
             self._count(send.numel() * (self.size - 1), received, control)
             return got
@@ -199,8 +207,16 @@ class Transport:
         return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
 
     def moves_device_memory(self, device) -> bool:
-        """Whether this transport sends and receives tensors on `device` itself (with
-        _push_device and _pull_joined_device) rather than through host copies."""
+        """Whether this transport sends and receives the device path's buffers on `device`
+        itself (_push_device and _pull_joined_device) rather than through host copies: CUDA
+        buffers when the transport can move them (moves_cuda); CPU buffers when
+        ZEN_HVD_DEVICE_BUFFERS=1, which runs the same route on the CUDA simulator's CPU
+        tensors (how the suite tests it without a GPU)."""
+        return self.moves_cuda() if device.type == "cuda" else self._cpu_by_device_route
+
+    def moves_cuda(self) -> bool:
+        """Whether the transport moves CUDA memory itself (NCCL, CUDA-aware MPI, Horovod's
+        GPU operations)."""
         return False
 
     def _push_device(self, send, send_counts):
@@ -263,11 +279,21 @@ def as_tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a) if a.size else torch.zeros(0, dtype=torch.uint8)
 
 
-def body_of(message: np.ndarray, body_nbytes) -> int:
-    """The body length of one [body][pad to 8][tail] message (pull_joined), or 0 when the
-    message is too short for its closing int64 or for the body it announces."""
-    return body_length(message.size, int(message[-8:].view(np.int64)[0]) if message.size >= 8 else -1,
-                       body_nbytes)
+def body_of(message, body_nbytes) -> int:
+    """The body length of one [body][pad to 8][tail] message (pull_joined; numpy or a torch
+    tensor on any device), or 0 when the message is too short for its closing int64 or for the
+    body it announces."""
+    return body_length(len(message), closing_int64(message), body_nbytes)
+
+
+def closing_int64(message) -> int:
+    """A message's last 8 bytes as an int64 (-1 when it is shorter); a tensor's come to the
+    host as 8 bytes."""
+    if len(message) < 8:
+        return -1
+    last = message[-8:]
+    last = last.cpu().numpy() if isinstance(last, torch.Tensor) else last
+    return int(np.ascontiguousarray(last).view(np.int64)[0])
 
 
 def body_length(nbytes: int, tag: int, body_nbytes) -> int:
@@ -278,15 +304,29 @@ def body_length(nbytes: int, tag: int, body_nbytes) -> int:
     return b if 0 <= b and pad8(b) + 8 <= nbytes else 0
 
 
-def _joined(parts, body_nbytes):
+def joined(parts, body_nbytes):
+    """(bodies, tails) of pull_joined from the n messages received whole (numpy, or torch
+    tensors on one device): the bodies copied together, each tail copied out (8-aligned
+    whatever the buffer it came in)."""
     lengths = [body_of(p, body_nbytes) for p in parts]
-    bodies = np.empty(sum(lengths), np.uint8)
+    bodies = empty_like(parts[0], sum(lengths))
     off, tails = 0, []
     for p, b in zip(parts, lengths):
         bodies[off:off + b] = p[:b]
-        tails.append(p[pad8(b):].copy())   # copied: 8-aligned whatever the buffer it came in
+        tails.append(copy(p[pad8(b):]))
         off += b
     return bodies, tails
+
+
+def empty_like(buf, nbytes: int):
+    """An uninitialised uint8 buffer of nbytes where `buf` lives (numpy, or a tensor's device)."""
+    if isinstance(buf, torch.Tensor):
+        return torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
+    return np.empty(nbytes, np.uint8)
+
+
+def copy(buf):
+    return buf.clone() if isinstance(buf, torch.Tensor) else buf.copy()
 
 
 def pad8(nbytes: int) -> int:

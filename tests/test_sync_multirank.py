@@ -43,13 +43,17 @@ def test_device_data_path_under_cuda_simulator():
     assert "all cases passed" in proc.stdout
 
 
-def test_device_data_path_on_the_torch_transport_with_nccls_sized_rounds():
-    # ZEN_HVD_TORCH_SIZED=1: device buffers travel as they do over NCCL (sizes first, then
-    # exact-size point-to-point batches), here over gloo; ranks whose tensors sit on different
-    # kinds of device raise instead of waiting.
-    proc = mpirun(3, "device_path_cases.py", "--transport", "torch", "--examples", 3,
-                  env={"NUMBA_ENABLE_CUDASIM": "1", "ZEN_HVD_TORCH_SIZED": "1"})
-    assert "mixed devices raised on every rank" in proc.stdout
+@pytest.mark.parametrize("transport", ["torch", "mpi4py", "horovod"])
+def test_device_data_path_with_buffers_moved_as_tensors(transport):
+    # ZEN_HVD_DEVICE_BUFFERS=1: the transports move the device path's buffers as tensors, the
+    # route CUDA tensors take over NCCL (torch: sizes first, then exact-size point-to-point
+    # batches, here over gloo), CUDA-aware MPI (mpi4py) and Horovod's GPU operations. Under
+    # the sized protocol, ranks whose tensors sit on different kinds of device raise instead
+    # of waiting.
+    proc = mpirun(3, "device_path_cases.py", "--transport", transport, "--examples", 3,
+                  env={"NUMBA_ENABLE_CUDASIM": "1", "ZEN_HVD_DEVICE_BUFFERS": "1"})
+    assert "device buffers moved as tensors" in proc.stdout
+    assert transport != "torch" or "mixed devices raised on every rank" in proc.stdout
 
 
 def test_memory_follows_nnz_on_a_3e9_row_table():

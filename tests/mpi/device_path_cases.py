@@ -38,6 +38,24 @@ import horovod.torch as hvd  # noqa: E402
 n, me = hvd.size(), hvd.rank()
 tr = runtime.get_transport(args.transport)
 count = iter(range(10 ** 6))
+# ZEN_HVD_DEVICE_BUFFERS=1 (or a GPU with NCCL, CUDA-aware MPI or Horovod's GPU operations):
+# the transport moves the device path's buffers as tensors (_push_device, _pull_joined_device),
+# not staged through numpy. Counted, so that a route not taken fails the run.
+ROUTE = n > 1 and tr.moves_device_memory(DEV)
+routed = {"push": 0, "pull": 0}
+if ROUTE:
+    _push_device, _pull_joined_device = tr._push_device, tr._pull_joined_device
+
+    def counted_push(*a):
+        routed["push"] += 1
+        return _push_device(*a)
+
+    def counted_pull(*a):
+        routed["pull"] += 1
+        return _pull_joined_device(*a)
+
+    tr._push_device, tr._pull_joined_device = counted_push, counted_pull
+SIZED = ROUTE and tr.name == "torch"   # sizes first, then the data (NCCL's protocol)
 
 
 def sync(t, path, **kw):
@@ -118,43 +136,36 @@ def test_random(seed, M, D, density, dtype, sparse, duplicates, op):
 
 test_random()
 
+if ROUTE:
+    assert routed["push"] > 0 and routed["pull"] > 0, routed
+
 # One rank on the host path, the others on the device path: one wire format, one result.
-if os.environ.get("ZEN_HVD_TORCH_SIZED") != "1":
+if not SIZED:
     ts, ref = inputs(11, 700, 3, 0.2, torch.float32, "row", False)
     mixed = sync(ts[me], "host" if me == 0 else "device", op=zen_hvd.Sum)
     assert torch.allclose(mixed.to_dense().double().cpu(), ref, atol=1e-5)
     assert same_on_all_ranks(tr, digest(mixed.cpu()))
 
-# Ranks on different kinds of device under the sized protocol (NCCL's): a size message meets
-# a data message, and every rank raises instead of waiting for the other's next message.
-if os.environ.get("ZEN_HVD_TORCH_SIZED") == "1":
-    t = torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
-    try:
-        sync(t, "host" if me == 0 else "device")
-        raise AssertionError("ranks on host and device paths were not caught")
-    except ValueError as e:
-        assert "same kind of device" in str(e), e
-    raise SystemExit(print("device_path_cases: mixed devices raised on every rank") if me == 0 else 0)
-
 # A corrupt Push message (rank 1 sends rank 0 eight bytes more than its header says): on
 # either path every rank raises, naming the tensor and the server that saw it.
 if n > 1:
-    clean = tr.push
+    def corrupted(clean, join):
+        def push(send, counts, control=0):
+            counts = [int(c) for c in counts]
+            longer = join([send[:counts[0]], send[:8], send[counts[0]:]])
+            return clean(longer, [counts[0] + 8] + counts[1:], control)
+        return push
 
-    def corrupt(send, counts, control=0):
-        counts = [int(c) for c in counts]
-        longer = np.concatenate([send[:counts[0]], np.zeros(8, np.uint8), send[counts[0]:]])
-        return clean(longer, [counts[0] + 8] + counts[1:], control)
-
-    for path in ("host", "device"):
-        tr.push = corrupt if me == 1 else clean
+    for path, method, join in (("host", "push", np.concatenate), ("device", "push_device", torch.cat)):
+        clean = getattr(tr, method)
+        setattr(tr, method, corrupted(clean, join) if me == 1 else clean)
         try:
             sync(torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV), path)
             raise AssertionError(f"{path}: a corrupt Push message was not caught")
         except InvalidTensorError as e:
             assert "servers [0]" in str(e) and "does not match its header" in str(e), e
         finally:
-            tr.push = clean
+            setattr(tr, method, clean)
 
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
 bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
@@ -174,6 +185,20 @@ except TensorMismatchError as e:
 del os.environ["ZEN_HVD_DATA_PATH"]
 check(12, 300, 2, 0.3, torch.float32, "row", False, zen_hvd.Sum, 1.0)
 
+# Ranks on different kinds of device under the sized protocol (NCCL's): a size message meets
+# a data message, and every rank raises instead of waiting for the other's next message.
+# Last: the round that raised leaves its peers' messages unread.
+if SIZED:
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
+    try:
+        sync(t, "host" if me == 0 else "device")
+        raise AssertionError("ranks on host and device paths were not caught")
+    except ValueError as e:
+        assert "same kind of device" in str(e), e
+    if me == 0:
+        print("device_path_cases: mixed devices raised on every rank")
+
 if me == 0:
+    route = "device buffers moved as tensors" if ROUTE else "device buffers staged through host memory"
     print(f"device_path_cases: all cases passed ({len(fixed)} fixed, {args.examples} random, "
-          f"{n} ranks, {tr.name} transport)")
+          f"{n} ranks, {tr.name} transport, {route})")
