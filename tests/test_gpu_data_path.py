@@ -220,3 +220,7 @@ def test_gpu_check_runs_in_simulator():
     assert "GPU check on the CUDA simulator" in table and " NO" not in table, table
     for step in ("partition", "pack", "bitmap", "popcount prefix", "aggregate", "scale", "decode", "scatter"):
         assert f"sync step: {step}" in table, table
+    # zen_hvd's own device path, every step timed, against the host path's result
+    for step in ("partition", "pack", "Push", "header check", "aggregate", "Pull", "decode", "scatter"):
+        assert f"device_sync step: {step}" in table, table
+    assert "sparse_allreduce on the device path, 1 rank" in table, table

@@ -25,6 +25,8 @@ CPU suite checks this path against the host path, bit for bit, in real multi-ran
 
 The kernels run on the CUDA default stream. A caller on another stream is ordered before the
 sync, and the caller's stream after it, as torch orders work between streams.
+
+time_steps() times every step of the syncs run inside it (scripts/gpu_check.sh's table).
 """
 from __future__ import annotations
 
@@ -41,6 +43,37 @@ from .units import INDEX_OUT_OF_RANGE, OK
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
 
 _TORCH = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}
+_UNTIMED = contextlib.nullcontext()
+_seconds = None   # {step: seconds} while time_steps() is active
+
+
+@contextlib.contextmanager
+def time_steps():
+    """Yields {step: seconds}, summed over the syncs run inside the block; each step is timed
+    between device synchronizations, which a sync otherwise never waits for."""
+    global _seconds
+    _seconds, outer = {}, _seconds
+    try:
+        yield _seconds
+    finally:
+        _seconds = outer
+
+
+def step(name, device):
+    """The context of one step of a sync: timed under time_steps(), else nothing."""
+    return _UNTIMED if _seconds is None else _timed(name, device, _seconds)
+
+
+@contextlib.contextmanager
+def _timed(name, device, seconds):
+    import time
+
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
+    wait(device)
+    t0 = time.perf_counter()
+    yield
+    wait(device)
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 def wanted(layout) -> bool:
@@ -145,7 +178,8 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     tr, keys, dev = ctx.transport, ctx.keys, tensor.device
     n, me, M, D = tr.size, tr.rank, layout.num_units, layout.unit_size
     idt = index_dtype(h0.server_size(M, n, 0))
-    units, values, dense_src, error, detail = source(tensor, layout)
+    with step("units (non-zero rows, or coalesce)", dev):
+        units, values, dense_src, error, detail = source(tensor, layout)
     vdtype = values.dtype if values is not None else tensor.dtype
     isz, vsz = idt.itemsize, D * vdtype.itemsize
     header[COL["error"]], header[COL["error_detail"]] = error, detail
@@ -153,47 +187,75 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     # 1. partition (Algorithm 1) and pack, straight into the Push buffer
     counts, nnz = np.zeros(n, np.int64), 0 if units is None else units.numel()
     if error == OK and nnz:
-        order, d_counts, pos = hh.group_by_partition_gpu(arr(units), M, n, keys,
-                                                         h0.second_level_seeds(ctx.seed, me, 3))
-        order, pos = tensor_of(order, dev), tensor_of(pos, dev)
-        counts = tensor_of(d_counts, dev).cpu().numpy().astype(np.int64)   # n integers
+        with step("partition (Algorithm 1)", dev):
+            order, d_counts, pos = hh.group_by_partition_gpu(arr(units), M, n, keys,
+                                                             h0.second_level_seeds(ctx.seed, me, 3))
+            order, pos = tensor_of(order, dev), tensor_of(pos, dev)
+            counts = tensor_of(d_counts, dev).cpu().numpy().astype(np.int64)   # n integers
     header[COL["nnz"]] = counts.sum()
     header[COUNTS:] = counts
     H = header.nbytes
     sizes, offs = push_layout(counts, H, isz, vsz)
-    buf = torch.zeros(int(sizes.sum()), dtype=torch.uint8, device=dev)
-    head = torch.from_numpy(header.view(np.uint8)).to(dev)
-    for off in offs:
-        buf[off:off + H] = head
-    if counts.sum():
-        starts = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)).to(dev)
-        idx_off = torch.from_numpy((offs + H) // isz).to(dev)
-        val_off = torch.from_numpy((offs + H + ((counts * isz + 7) & ~7)) // vdtype.itemsize).to(dev)
-        launch(gpu.pack_kernel, nnz * D, buf.view(_TORCH[idt]), buf.view(vdtype), idx_off, val_off,
-               order, starts, pos, units, values, dense_src)
+    with step("pack", dev):
+        buf = torch.zeros(int(sizes.sum()), dtype=torch.uint8, device=dev)
+        head = torch.from_numpy(header.view(np.uint8)).to(dev)
+        for off in offs:
+            buf[off:off + H] = head
+        if counts.sum():
+            starts = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)).to(dev)
+            idx_off = torch.from_numpy((offs + H) // isz).to(dev)
+            val_off = torch.from_numpy((offs + H + ((counts * isz + 7) & ~7)) // vdtype.itemsize).to(dev)
+            launch(gpu.pack_kernel, nnz * D, buf.view(_TORCH[idt]), buf.view(vdtype), idx_off, val_off,
+                   order, starts, pos, units, values, dense_src)
 
     # 2. Push, the header check (n headers to the host)
-    parts = tr.push_device(buf, sizes, control=H)
-    heads = [np.asarray(h) for h in _to_host([p[:H] for p in parts])]
-    table, short = _header_table(heads, H, header.size)
-    check_push(name, short)
-    check_table(name, table, scheme_names, names_gatherer(tr))
+    with step("Push", dev):
+        parts = tr.push_device(buf, sizes, control=H)
+    with step("header check", dev):
+        heads = [np.asarray(h) for h in _to_host([p[:H] for p in parts])]
+        table, short = _header_table(heads, H, header.size)
+        check_push(name, short)
+        check_table(name, table, scheme_names, names_gatherer(tr))
 
     # 3. aggregate
     from_worker = table[:, COUNTS + me]
-    if malformed_push([p.numel() for p in parts], from_worker, H, isz, vsz):
-        pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8)).to(dev)
-    else:
-        pull = _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
+    with step("aggregate (bitmap, prefix, rank-order sum, scale)", dev):
+        if malformed_push([p.numel() for p in parts], from_worker, H, isz, vsz):
+            pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8)).to(dev)
+        else:
+            pull = _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
 
     # 4. Pull: every server's aggregated values back to back
-    bodies, tails = tr.pull_joined_device(pull, pull_body_nbytes(vsz))
+    with step("Pull", dev):
+        bodies, tails = tr.pull_joined_device(pull, pull_body_nbytes(vsz))
     tags = [int(t.view(np.int64)[0]) if t.size == 8 else _MALFORMED
             for t in _to_host([t[-8:] for t in tails])]
     K, nbs = pull_formats(name, tags, [t.numel() for t in tails], M, n, isz, vsz)
 
     # 5. decode through the inverse bijection, then scatter or sort. Each bitmap's popcount
     # is checked against its tag first: a corrupt one could write past its K units.
+    with step("decode (inverse bijection)", dev):
+        all_units = _decode(name, tails, tags, K, nbs, keys, M, n, isz, idt, dev)
+    values = bodies.view(vdtype).view(len(all_units), D)
+    with step("scatter or sort", dev):
+        if out is not None or not layout.sparse:
+            target = out if out is not None else torch.zeros((M, D), dtype=vdtype, device=dev)
+            launch(gpu.scatter_kernel, all_units.numel() * D, target, all_units, values)
+            units, values = None, target
+        elif ordered:
+            order = torch.argsort(all_units)
+            units, values = all_units[order], values[order]
+        else:
+            units = all_units
+    info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=np.array(K, np.int64),
+                union_size=int(sum(K)), nnz=table[:, COL["nnz"]])
+    return units, values, info
+
+
+def _decode(name, tails, tags, K, nbs, keys, M, n, isz, idt, dev):
+    """Every server's units, in server order, from the Pull tails: the hash bitmap (its
+    popcount checked against the tag first) or the positions, through the inverse bijection."""
+    gpu, h0, _ = _kernels()
     B, d_keys = h0.domain_bits(M), torch.from_numpy(np.asarray(keys, np.int64)).to(dev)
     bitmaps = {s: _word_prefix(tails[s][:nbs[s]].view(torch.int64))
                for s, t in enumerate(tags) if t & 1 == BITMAP}
@@ -214,19 +276,7 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
             launch(gpu.units_of_positions_kernel, k, tail[:k * isz].view(_TORCH[idt]), s, n, M, B,
                    d_keys, dst)
         start += k
-    values = bodies.view(vdtype).view(len(all_units), D)
-    if out is not None or not layout.sparse:
-        target = out if out is not None else torch.zeros((M, D), dtype=vdtype, device=dev)
-        launch(gpu.scatter_kernel, all_units.numel() * D, target, all_units, values)
-        units, values = None, target
-    elif ordered:
-        order = torch.argsort(all_units)
-        units, values = all_units[order], values[order]
-    else:
-        units = all_units
-    info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=np.array(K, np.int64),
-                union_size=int(sum(K)), nnz=table[:, COL["nnz"]])
-    return units, values, info
+    return all_units
 
 
 def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor):

@@ -10,8 +10,9 @@ Prints one table and exits non-zero on any mismatch:
   - every step of one balanced-parallelism sync on the device (data_path_gpu.py), with
     --servers workers in this process: partition, pack, bitmap, prefix, aggregate, decode,
     scatter (median over --repeats), its result against a float64 sum on the host;
-  - a one-rank zen_hvd.sparse_allreduce of a CUDA tensor against the CPU tensor's (skipped
-    when torch has no CUDA).
+  - zen_hvd's own device path (zen_hvd/device_sync.py): a one-rank zen_hvd.sparse_allreduce
+    of a CUDA tensor, every step timed, against the host path's result (skipped when torch has
+    no CUDA; with --simulate, CPU tensors on the simulated kernels).
 The kernel tests themselves run with ZEN_HVD_REAL_GPU=1 pytest tests/test_kernels.py
 tests/test_gpu_data_path.py (the simulator's scripts, on the GPU).
 """
@@ -102,6 +103,45 @@ class StepTimer:
         return timed()
 
 
+def real_sync(units, values, M, repeats, device, failures):
+    """Table rows of a one-rank zen_hvd.sparse_allreduce (scheme balanced) through the device
+    path on `device`: each step's median over `repeats` syncs (after one that compiles), the
+    whole call's, and whether the result equals the host path's bit for bit."""
+    import torch
+
+    import zen_hvd
+    from .. import device_sync
+
+    zen_hvd.init()
+    t = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values),
+                                (M, values.shape[1])).coalesce()
+    os.environ["ZEN_HVD_DATA_PATH"] = "host"
+    want = zen_hvd.sparse_allreduce(t, name="gpu_check.host", op=zen_hvd.Sum, scheme="balanced")
+    os.environ["ZEN_HVD_DATA_PATH"] = "device"
+    d = t.to(device)
+    per_step, totals = [], []
+    for r in range(repeats + 1):
+        with device_sync.time_steps() as seconds:
+            t0 = time.perf_counter()
+            got = zen_hvd.sparse_allreduce(d, name="gpu_check.device", op=zen_hvd.Sum, scheme="balanced")
+            if got.is_cuda:
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+        if r:
+            per_step.append(dict(seconds))
+            totals.append(elapsed)
+    del os.environ["ZEN_HVD_DATA_PATH"]
+    ok = got.device.type == device and torch.equal(got.cpu()._indices(), want._indices()) and \
+        torch.equal(got.cpu()._values(), want._values())
+    if not ok:
+        failures.append(f"sparse_allreduce on the device path ({device}) differs from the host path")
+    rows = [(f"device_sync step: {name}", statistics.median(s.get(name, 0.0) for s in per_step), ok)
+            for name in per_step[0]]
+    rows.append((f"sparse_allreduce on the device path, 1 rank, {units.size:,} rows of M = {M:,} "
+                 f"(steps timed apart)", statistics.median(totals), ok))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--units", type=int, default=214_000_000, help="M for the hashing benchmark")
@@ -170,23 +210,13 @@ def main():
     rows.append((f"sync total ({n} workers, M = {M:,}, {args.density:g} density, D = 1)",
                  statistics.median(sum(s.values()) for s in per_step), exact))
 
-    # A one-rank sparse_allreduce of a CUDA tensor against the CPU tensor's.
+    # zen_hvd's own device path (zen_hvd/device_sync.py) in a one-rank sparse_allreduce of a
+    # CUDA tensor (in the simulator, a CPU tensor on ZEN_HVD_DATA_PATH=device), every step
+    # timed, against the host path's result on the CPU tensor.
     import torch
-    if torch.cuda.is_available() and not args.simulate:
-        import zen_hvd
-
-        zen_hvd.init()
-        t = torch.sparse_coo_tensor(torch.from_numpy(inputs[0]).reshape(1, -1),
-                                    torch.from_numpy(values[0]), (M, 1)).coalesce()
-        cpu_out = zen_hvd.sparse_allreduce(t, name="gpu_check.cpu", op=zen_hvd.Sum)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        gpu_out = zen_hvd.sparse_allreduce(t.cuda(), name="gpu_check.cuda", op=zen_hvd.Sum)
-        torch.cuda.synchronize()
-        ok = gpu_out.is_cuda and torch.equal(gpu_out.cpu().to_dense(), cpu_out.to_dense())
-        rows.append(("sparse_allreduce, one rank, CUDA tensor against CPU", time.perf_counter() - t0, ok))
-        if not ok:
-            failures.append("sparse_allreduce of a CUDA tensor differs from the CPU result")
+    if torch.cuda.is_available() or args.simulate:
+        rows += real_sync(inputs[0], values[0], M, args.repeats, "cpu" if args.simulate else "cuda",
+                          failures)
     else:
         rows.append(("sparse_allreduce of a CUDA tensor: skipped (torch without CUDA)", float("nan"), True))
 
