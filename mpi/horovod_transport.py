@@ -61,6 +61,14 @@ class HorovodTransport(Transport):
                                             name=self._name(), process_set=self._ps)
         return split(out, received.tolist())
 
+    def _swap_device(self, send, peer, receive, device):
+        counts = [0] * self.size   # a collective: the ranks sitting the step out take part
+        if peer is not None and send is not None:
+            counts[peer] = send.numel()
+        parts = self._push_device(send if send is not None else torch.zeros(0, dtype=torch.uint8, device=device),
+                                  counts)
+        return parts[peer] if receive and peer is not None else None
+
     def _pull_joined_device(self, send, body_nbytes):
         parts = self._push_device(send.repeat(self.size), [send.numel()] * self.size)
         return joined(parts, body_nbytes), sum(p.numel() for p in parts) - send.numel()

@@ -233,6 +233,11 @@ class Mpi4pyTransport(Transport):
         _written(send)
         return self._pull_joined(send, body_nbytes)
 
+    def _swap_device(self, send, peer, receive, device):
+        if send is not None:
+            _written(send)
+        return self._swap(send, peer, receive, device)
+
     def _alltoallv(self, send, send_counts, recv_counts):
         recv = torch.empty(sum(recv_counts), dtype=torch.uint8)
         B = self._MPI.BYTE
@@ -260,16 +265,19 @@ class Mpi4pyTransport(Transport):
         self._collective(self.comm.Iallreduce(self._MPI.IN_PLACE, t.numpy()))
         return t
 
-    def _swap(self, send, peer, receive):
+    def _swap(self, send, peer, receive, device=None):
+        """One step of a hierarchy; the received message lands in a numpy buffer, or in a
+        tensor on `device` (the device route)."""
         if peer is None:
             return None
         MPI = self._MPI
-        reqs = [(peer, self.comm.Isend([send, MPI.BYTE], dest=peer, tag=STEP_TAG))] if send is not None else []
+        reqs = [(peer, self.comm.Isend(self._buffer(send), dest=peer, tag=STEP_TAG))] if send is not None else []
         got = None
         if receive:
             msgs, counts = self._probe([peer], STEP_TAG)
-            got = np.empty(counts[peer], np.uint8)
-            msgs[peer].Recv([got, MPI.BYTE])
+            got = np.empty(counts[peer], np.uint8) if device is None else \
+                torch.empty(counts[peer], dtype=torch.uint8, device=device)
+            msgs[peer].Recv(self._buffer(got))
         self._wait(reqs)
         return got
 

@@ -137,6 +137,7 @@ def _first_part(payload: torch.Tensor) -> torch.Tensor:
 
 class TorchTransport(Transport):
     name = "torch"
+    sizes_first = True   # device buffers: each message's size over gloo first (NCCL's need)
 
     def __init__(self, process_set=None):
         import horovod.torch as hvd
@@ -267,20 +268,23 @@ class TorchTransport(Transport):
 
     def _sizes(self, rows, tag):
         """rows[r] (int64 numpy) goes to peer r over gloo, as [SIZED, *row] on the round's own
-        tag; returns the rows received. A peer that sent its round's data from host memory
-        (its tensor on the CPU, this rank's on a GPU) sent something else on that tag: then
-        this rank raises, and that peer, which received a message too short for a header,
-        raises too (balanced.py), instead of both waiting for messages that never come."""
+        tag; returns the rows received."""
         sends = [np.concatenate([[SIZED], r]).astype(np.int64).view(np.uint8) for r in rows]
         got = self._exchange(sends, tag)
-        want = sends[0].size
-        bad = [r for r, g in enumerate(got) if r != self.rank and
-               (g.size != want or int(g[:8].view(np.int64)[0]) != SIZED)]
-        if bad:
-            raise ValueError(f"zen_hvd: tensor {self.activity!r}: ranks {bad} sent it from host "
+        return [g[8:].view(np.int64) if r == self.rank else self._sized(g, sends[0].size, r)
+                for r, g in enumerate(got)]
+
+    def _sized(self, got, want, peer):
+        """The row of a size message from `peer`. A peer that sent its round's data from host
+        memory (its tensor on the CPU, this rank's on a GPU) sent something else on that tag:
+        then this rank raises, and that peer, which received a message too short for what it
+        expected, raises too (balanced.py, hierarchical.py), instead of both waiting for
+        messages that never come."""
+        if got.size != want or int(got[:8].view(np.int64)[0]) != SIZED:
+            raise ValueError(f"zen_hvd: tensor {self.activity!r}: rank {peer} sent it from host "
                              "memory while this rank sends it from the GPU: every rank must hold "
                              "the tensor on the same kind of device")
-        return [g[8:].view(np.int64) for g in got]
+        return got[8:].view(np.int64)
 
     @_peer_loss
     def _batch(self, device, sends, recvs):
@@ -321,6 +325,18 @@ class TorchTransport(Transport):
             recvs += [(r, bodies[starts[r]:starts[r] + cut[r]]), (r, tails[r])]
         self._batch(send.device, [(r, t) for r in peers for t in ours], recvs)
         return (bodies, tails), int(sum(n for n, _ in rows) - send.numel())
+
+    def _swap_device(self, send, peer, receive, device):
+        """One step of a hierarchy in the sized protocol: the size over gloo, then the data."""
+        if peer is None:
+            return None
+        size = None if send is None else np.array([SIZED, send.numel()], np.int64).view(np.uint8)
+        got = self._swap(size, peer, receive)
+        recv = torch.empty(int(self._sized(got, 16, peer)[0]), dtype=torch.uint8, device=device) \
+            if receive else None
+        self._batch(device, [(peer, send)] if send is not None else [],
+                    [(peer, recv)] if receive else [])
+        return recv
 
     # -- what the baselines use, on the same primitives -----------------------------------
     def _alltoallv(self, send, send_counts, recv_counts):

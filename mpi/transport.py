@@ -67,6 +67,7 @@ class Transport:
     activity = "(none yet)"   # the tensor being synchronized, for errors (set by the sync)
     broken = False            # a peer was lost: the next sync builds a new transport
     syncs = 0                 # syncs begun on this transport (set by the sync, for errors)
+    sizes_first = False       # its device route sends other messages than its host route
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -206,6 +207,18 @@ class Transport:
         bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
         return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
 
+    def swap_device(self, send, peer, receive: bool, device):
+        """swap of a flat uint8 torch tensor (or None) on `device`: the message `peer` sent
+        this rank as a tensor on `device` (if receive), else None. Staged through host memory
+        unless the transport moves device memory (_swap_device)."""
+        if self.moves_device_memory(device):
+            got = self._swap_device(send, peer, receive, device)
+            self.stats.add(0 if send is None or peer is None else send.numel(),
+                           0 if got is None else got.numel())
+            return got
+        got = self.swap(None if send is None else send.cpu().numpy(), peer, receive)
+        return None if got is None else as_tensor(got).to(device)
+
     def moves_device_memory(self, device) -> bool:
         """Whether this transport sends and receives the device path's buffers on `device`
         itself (_push_device and _pull_joined_device) rather than through host copies: CUDA
@@ -213,6 +226,11 @@ class Transport:
         ZEN_HVD_DEVICE_BUFFERS=1, which runs the same route on the CUDA simulator's CPU
         tensors (how the suite tests it without a GPU)."""
         return self.moves_cuda() if device.type == "cuda" else self._cpu_by_device_route
+
+    def route(self, device) -> int:
+        """The header's "route" for a tensor on `device` on the device data path: 1 when its
+        messages follow another protocol than the host path's (sizes_first), else 0."""
+        return int(self.sizes_first and self.size > 1 and self.moves_device_memory(device))
 
     def moves_cuda(self) -> bool:
         """Whether the transport moves CUDA memory itself (NCCL, CUDA-aware MPI, Horovod's
@@ -223,6 +241,9 @@ class Transport:
         raise NotImplementedError
 
     def _pull_joined_device(self, send, body_nbytes):
+        raise NotImplementedError
+
+    def _swap_device(self, send, peer, receive, device):
         raise NotImplementedError
 
     def _count(self, sent: int, received: int, control: int) -> None:

@@ -43,6 +43,9 @@ from . import costmodel
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
 CANDIDATES = ("balanced", "hierarchical", "allreduce", "agsparse")
+# The schemes with a device path (device_sync.py, device_hierarchy.py): a tensor kept on its
+# device is not copied to the host for another.
+DEVICE_CANDIDATES = ("balanced", "hierarchical")
 DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores
 
 
@@ -77,10 +80,11 @@ def is_check_call(calls: int, recheck: int) -> bool:
     return calls in (1, 2) or calls % recheck == 0
 
 
-def observe(name, scheme, layout, info, transport) -> None:
+def observe(name, scheme, layout, info, transport, on_device=False) -> None:
     """After a sync of `name` with `scheme`: count it; on a check call, update the profile
-    from what the sync returned (info: every rank's nnz, the union's size) and decide. Other
-    calls cost one dictionary lookup."""
+    from what the sync returned (info: every rank's nnz, the union's size) and decide, among
+    the DEVICE_CANDIDATES when the tensor stays on its device. Other calls cost one dictionary
+    lookup."""
     prof = _profiles.get(name)
     if prof is None:
         prof = _profiles[name] = Profile()
@@ -97,16 +101,17 @@ def observe(name, scheme, layout, info, transport) -> None:
     import torch
 
     vbytes = torch.empty(0, dtype=layout.dtype).element_size() * layout.unit_size
+    candidates = DEVICE_CANDIDATES if on_device else CANDIDATES
     prof.predicted = costmodel.predict_bytes(n, M, prof.d_G, costmodel.gamma_curve(
-        n, k, prof.gamma_n, prof.stage_gammas), vbytes, CANDIDATES)
+        n, k, prof.gamma_n, prof.stage_gammas), vbytes, candidates)
     # Each message step costs a round trip whatever it carries (costmodel.message_steps): in
     # bytes, what a link moves meanwhile (alpha-beta model with alpha b = ZEN_HVD_ROUND_BYTES).
-    cost = {s: prof.predicted[s] + costmodel.message_steps(n, s) * prof.round_bytes for s in CANDIDATES}
-    best = min(CANDIDATES, key=lambda s: (cost[s], CANDIDATES.index(s)))
+    cost = {s: prof.predicted[s] + costmodel.message_steps(n, s) * prof.round_bytes for s in candidates}
+    best = min(candidates, key=lambda s: (cost[s], candidates.index(s)))
     if best != prof.scheme or prof.decided_at < 0:
         log.info("zen_hvd auto: tensor %r on %d ranks -> %s (d_G=%.4g, gamma_n=%.3g, predicted "
                  "bytes received per worker plus %d per message step: %s)", name, n, best, prof.d_G,
-                 prof.gamma_n, prof.round_bytes, ", ".join(f"{s} {cost[s]:.3g}" for s in CANDIDATES))
+                 prof.gamma_n, prof.round_bytes, ", ".join(f"{s} {cost[s]:.3g}" for s in candidates))
     prof.scheme, prof.decided_at = best, prof.calls
 
 

@@ -163,6 +163,15 @@ def source(tensor: torch.Tensor, layout):
     return units, t._values().reshape(-1, D).contiguous(), False, OK, 0
 
 
+def units_of(tensor: torch.Tensor, layout):
+    """units.to_units on the tensor's device: (unique ascending int64 units, their [nnz, D]
+    values, error, detail), the units and values tensors (None on an error)."""
+    units, values, dense_src, error, detail = source(tensor, layout)
+    if dense_src:
+        values = values.index_select(0, units)
+    return units, values, error, detail
+
+
 def sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divisor,
          out=None, ordered=True):
     """balanced.BalancedParallelism.sync on the device: returns (units or None, values, info)

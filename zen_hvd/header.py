@@ -15,12 +15,12 @@ import torch
 
 from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, Layout
 
-VERSION = 2
+VERSION = 3
 MAX_DIMS = 8
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
           torch.int64, torch.int16, torch.int8, torch.uint8)
 FIELDS = ("version", "name", "ndim", *(f"dim{i}" for i in range(MAX_DIMS)), "dtype", "sparse",
-          "sparse_dim", "unit_size", "op", "seed", "scheme", "fresh", "error", "error_detail", "nnz", "step")
+          "sparse_dim", "unit_size", "op", "seed", "scheme", "fresh", "route", "error", "error_detail", "nnz", "step")
 COL = {f: i for i, f in enumerate(FIELDS)}
 COUNTS = len(FIELDS)  # the Push counts (one per server) follow the fixed fields
 # "fresh": an optimizer's sync says 1 when a backward pass or zero_grad() reached the optimizer
@@ -28,6 +28,9 @@ COUNTS = len(FIELDS)  # the Push counts (one per server) follow the fixed fields
 # called again without either); a direct sync says DIRECT. Equal on every rank unless one rank
 # runs an extra step, which pairs with the others' next step.
 DIRECT = -1
+# "route": 1 when this rank's messages of the tensor take a transport's device route with its
+# own protocol (the torch transport's sized rounds, for a tensor on the GPU), else 0. Ranks that
+# differ would wait for messages the others never send.
 
 
 class TensorMismatchError(ValueError):
@@ -43,9 +46,9 @@ def name_code(name: str) -> int:
 
 
 def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, error: int,
-                error_detail: int, nnz: int, counts, step=None) -> np.ndarray:
+                error_detail: int, nnz: int, counts, step=None, route: int = 0) -> np.ndarray:
     """One rank's header row. step: None for a direct sync, else an optimizer's
-    (step count, whether its gradient is fresh)."""
+    (step count, whether its gradient is fresh). route: see "route" above."""
     if len(layout.shape) > MAX_DIMS:
         raise ValueError(f"tensor {name!r}: at most {MAX_DIMS} dimensions are supported")
     if layout.dtype not in DTYPES:
@@ -55,7 +58,7 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
     values = dict(version=VERSION, name=name_code(name), ndim=len(layout.shape),
                   dtype=DTYPES.index(layout.dtype), sparse=int(layout.sparse),
                   sparse_dim=layout.sparse_dim, unit_size=layout.unit_size, op=int(op),
-                  seed=seed, scheme=scheme, error=error, error_detail=error_detail, nnz=nnz,
+                  seed=seed, scheme=scheme, route=route, error=error, error_detail=error_detail, nnz=nnz,
                   fresh=DIRECT if step is None else int(bool(step[1])),
                   step=0 if step is None else step[0],
                   **{f"dim{i}": d for i, d in enumerate(dims)})
@@ -154,6 +157,12 @@ def check_table(name: str, table: np.ndarray, scheme_names=None, gather_names=No
         raise TensorMismatchError(f"{where}: scheme differs across ranks ("
                                   + per_rank(lambda row: names.get(row[COL["scheme"]], str(row[COL["scheme"]])))
                                   + ")")
+    if differs([COL["route"]]):
+        raise TensorMismatchError(
+            f"{where}: ranks hold the tensor on different kinds of device ("
+            + per_rank(lambda row: "GPU" if row[COL["route"]] else "host") + "), which the "
+            "transport's device route cannot mix: every rank must hold the tensor on the same "
+            "kind of device")
     for r, row in enumerate(table):
         if row[COL["error"]] == INDEX_OUT_OF_RANGE:
             raise InvalidTensorError(

@@ -54,14 +54,14 @@ class Plan:
 @dataclasses.dataclass
 class UnitSet:
     """An aggregated set: sparse (units ascending int64, values [K, D]) or dense (units None,
-    values [M, D]); numpy arrays."""
+    values [M, D]); numpy arrays (torch tensors on the device path, device_hierarchy.py)."""
 
     units: np.ndarray | None
     values: np.ndarray
 
     @property
     def size(self) -> int:
-        return self.values.shape[0] if self.units is None else self.units.size
+        return self.values.shape[0] if self.units is None else len(self.units)
 
 
 def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
@@ -161,16 +161,36 @@ class RecursiveDoubling:
         forms they travelled in (dense once the format turns dense): a dense sum drops units
         whose values cancel to zero, a sparse union keeps them, and every rank must agree."""
         payload, sent = self.encode(s, M) if send and peer is not None else (None, s)
-        got = transport.swap(payload, peer, receive=recv)
+        got = self.swap(transport, payload, peer, recv, s)
         other = self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
         return other, sent
+
+    # -- where the sets live: numpy on the host (device_hierarchy.py overrides these) ------
+    @staticmethod
+    def swap(transport, payload, peer, recv, s):
+        return transport.swap(payload, peer, receive=recv)
+
+    @staticmethod
+    def start(plan) -> UnitSet:
+        return UnitSet(plan.units, plan.values.numpy())
+
+    @staticmethod
+    def merge(lower: UnitSet, higher: UnitSet, M: int) -> UnitSet:
+        return merge(lower, higher, M)
+
+    @staticmethod
+    def result(s: UnitSet, M: int):
+        """(units, values) of the final set: a dense one's non-zero rows."""
+        if s.units is None:
+            return nonzero_units(torch.from_numpy(s.values))
+        return s.units, torch.from_numpy(s.values)
 
     # -- the hierarchy ------------------------------------------------------------------
     def run(self, plan: Plan, table, transport):
         n, me, M, name = transport.size, transport.rank, plan.num_units, plan.name
         p = 1 << (n.bit_length() - 1)
         extra = n - p
-        cur = UnitSet(plan.units, plan.values.numpy())
+        cur = self.start(plan)
         stage_sizes = [cur.size]  # |union| of this rank's group entering each stage
         ex = lambda peer, **kw: self.exchange(cur, peer, transport, M, name, **kw)  # noqa: E731
         # fold: ranks p..n-1 hand their set to rank - p
@@ -178,7 +198,7 @@ class RecursiveDoubling:
             if me >= p:
                 ex(me - p, recv=False)
             elif me < extra:
-                cur = merge(cur, ex(me + p, send=False)[0], M)
+                cur = self.merge(cur, ex(me + p, send=False)[0], M)
             else:
                 ex(None)
             stage_sizes[0] = cur.size
@@ -188,7 +208,7 @@ class RecursiveDoubling:
             partner = me ^ step if me < p else None
             other, cur = ex(partner)
             if partner is not None:
-                cur = merge(cur, other, M) if me < partner else merge(other, cur, M)
+                cur = self.merge(cur, other, M) if me < partner else self.merge(other, cur, M)
             stage_sizes.append(cur.size)
             step <<= 1
         # Every rank holds the result in the form it travels in, so that ranks p..n-1, which
@@ -202,12 +222,9 @@ class RecursiveDoubling:
                 cur = ex(me - p, send=False)[0]
             else:
                 ex(None)
-        if cur.units is None:
-            units, values = nonzero_units(torch.from_numpy(cur.values))
-        else:
-            units, values = cur.units, torch.from_numpy(cur.values)
+        units, values = self.result(cur, M)
         info = dict(stage_sizes=np.array(stage_sizes if me < p else [], np.int64),
-                    union_size=int(units.size))
+                    union_size=len(units))
         return units, values, info
 
 

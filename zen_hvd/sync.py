@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import torch
 
-from . import auto, device_sync, runtime
+from . import auto, device_hierarchy, device_sync, runtime
 from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
@@ -101,9 +101,11 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     chosen = auto.choose(name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
-    # Balanced parallelism keeps a CUDA tensor on its device (device_sync.py); every other
-    # scheme, and the host path, works on a host copy.
-    on_device = chosen == "balanced" and layout.num_units > 0 and device_sync.wanted(layout)
+    # Balanced parallelism (device_sync.py) and hierarchical centralization
+    # (device_hierarchy.py) keep a CUDA tensor on its device; the baselines, and the host
+    # path, work on a host copy.
+    stays = layout.num_units > 0 and device_sync.wanted(layout)
+    on_device = stays and (chosen == "balanced" or chosen in device_hierarchy.SCHEMES)
     cpu = cpu.cpu() if cpu.device.type != "cpu" and not on_device else cpu
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
@@ -116,9 +118,9 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
         if out is not None:
             units, values = None, out
-    elif on_device:
+    elif on_device and chosen == "balanced":
         header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                             np.zeros(tr.size, np.int64), step)
+                             np.zeros(tr.size, np.int64), step, route=tr.route(cpu.device))
         dev = widened(cpu)
         target = out if out is not None and out.dtype == dev.dtype and out.device == dev.device else None
         units, values, info = device_sync.sync(name, dev, layout, header, ctx, SCHEME_NAMES,
@@ -139,7 +141,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         if out is not None and target is None:
             out.copy_(values)
     else:
-        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step)
+        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device)
         if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
             factor = float(prescale_factor) * scale
             values = values * factor if factor != 1.0 else values
@@ -148,11 +150,11 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
             values = values.div(divisor, rounding_mode="trunc") if divisor else values
             values = values * postscale_factor if postscale_factor != 1.0 else values
         if out is not None:
-            if units.size:
-                out[torch.from_numpy(units)] = values.to(out.dtype)
+            if len(units):
+                out[torch.as_tensor(units, device=out.device)] = values.to(device=out.device, dtype=out.dtype)
             units, values = None, out
     if scheme == "auto" and layout.num_units:
-        auto.observe(name, chosen, layout, info, tr)
+        auto.observe(name, chosen, layout, info, tr, stays)
     last_sync.clear()
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,
                      unit_size=layout.unit_size)
@@ -176,21 +178,27 @@ def exchange_headers(name, header, tr) -> np.ndarray:
 
 
 
-def _run_scheme(chosen, name, cpu, layout, op, ctx, step):
-    """Hierarchical centralization and the baselines: header round, then the scheme's run."""
+def _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device=False):
+    """Hierarchical centralization and the baselines: header round, then the scheme's run (on
+    the tensor's device when on_device: its units and values stay tensors there)."""
     tr = ctx.transport
-    units, values, error, detail = to_units(cpu, layout)
-    impl = SCHEMES[chosen]
+    units, values, error, detail = (device_sync.units_of if on_device else to_units)(cpu, layout)
+    impl = (device_hierarchy.SCHEMES if on_device else SCHEMES)[chosen]
     plan = impl.plan(units, values, layout, tr, ctx.seed) if error == OK else None
     if plan is not None:
         plan.name = name
     counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
     header = make_header(name, layout, op, ctx.seed, _CODES[chosen], error, detail,
-                         0 if units is None else units.size, counts, step)
+                         0 if units is None else len(units), counts, step,
+                         route=tr.route(cpu.device) if on_device else 0)
     table = exchange_headers(name, header, tr)
     out_units, out_values, info = impl.run(plan, table, tr)
     info = dict(info, nnz=table[:, COL["nnz"]].copy())
-    if out_units.size > 1 and not (out_units[1:] > out_units[:-1]).all():
-        order = np.argsort(out_units)
-        out_units, out_values = out_units[order], take_units(out_values, order)
+    if len(out_units) > 1 and not bool((out_units[1:] > out_units[:-1]).all()):
+        if on_device:
+            out_units, order = torch.sort(out_units)
+            out_values = out_values[order]
+        else:
+            order = np.argsort(out_units)
+            out_units, out_values = out_units[order], take_units(out_values, order)
     return out_units, out_values, info

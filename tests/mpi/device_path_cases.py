@@ -1,12 +1,13 @@
-"""Balanced parallelism's device data path (zen_hvd/device_sync.py) in real multi-rank syncs.
+"""The device data path in real multi-rank syncs: balanced parallelism (zen_hvd/device_sync.py)
+and hierarchical centralization (zen_hvd/device_hierarchy.py).
 
     NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi/device_path_cases.py [--transport T] [--examples K]
     mpirun -np N python tests/mpi/device_path_cases.py --device cuda     # on a GPU (gpu_check.sh)
 
 Off a GPU the device kernels run in Numba's CUDA simulator on CPU tensors
 (ZEN_HVD_DATA_PATH=device), so sizes stay small. With --device cuda the inputs are CUDA
-tensors and the kernels run on the GPU; the host path then works on host copies. Every case syncs the same inputs on the host
-path and on the device path and checks: the two results are bitwise equal, equal to a float64
+tensors and the kernels run on the GPU; the host path then works on host copies. Every case
+syncs the same inputs under each scheme on the host path and on the device path and checks: the two results are bitwise equal, equal to a float64
 sum of every rank's input, and identical on every rank; a rank on the host path and a rank on
 the device path meet in one sync (the same wire format); bad input raises the same error on
 every rank.
@@ -42,26 +43,26 @@ count = iter(range(10 ** 6))
 # the transport moves the device path's buffers as tensors (_push_device, _pull_joined_device),
 # not staged through numpy. Counted, so that a route not taken fails the run.
 ROUTE = n > 1 and tr.moves_device_memory(DEV)
-routed = {"push": 0, "pull": 0}
+routed = {"_push_device": 0, "_pull_joined_device": 0, "_swap_device": 0}
 if ROUTE:
-    _push_device, _pull_joined_device = tr._push_device, tr._pull_joined_device
+    def counted(method):
+        clean = getattr(tr, method)
 
-    def counted_push(*a):
-        routed["push"] += 1
-        return _push_device(*a)
+        def call(*a):
+            routed[method] += 1
+            return clean(*a)
+        return call
 
-    def counted_pull(*a):
-        routed["pull"] += 1
-        return _pull_joined_device(*a)
-
-    tr._push_device, tr._pull_joined_device = counted_push, counted_pull
-SIZED = ROUTE and tr.name == "torch"   # sizes first, then the data (NCCL's protocol)
+    for method in routed:
+        setattr(tr, method, counted(method))
+SIZED = ROUTE and tr.sizes_first   # sizes first, then the data (NCCL's protocol)
+SCHEMES = ("balanced", "hierarchical")   # the schemes with a device path
 
 
-def sync(t, path, **kw):
+def sync(t, path, scheme="balanced", **kw):
     os.environ["ZEN_HVD_DATA_PATH"] = path
     try:
-        return zen_hvd.sparse_allreduce(t, name=f"case{next(count)}", scheme="balanced",
+        return zen_hvd.sparse_allreduce(t, name=f"case{next(count)}", scheme=scheme,
                                         transport=args.transport, **kw)
     finally:
         del os.environ["ZEN_HVD_DATA_PATH"]
@@ -87,9 +88,14 @@ def inputs(seed, M, D, density, dtype, sparse, duplicates):
 
 def check(seed, M, D, density, dtype, sparse, duplicates, op, prescale):
     ts, ref = inputs(seed, M, D, density, dtype, sparse, duplicates)
-    kw = dict(op=op, prescale_factor=prescale)
+    for scheme in SCHEMES:
+        check_one(ts, ref, scheme, seed, M, D, density, dtype, sparse, duplicates, op, prescale)
+
+
+def check_one(ts, ref, scheme, seed, M, D, density, dtype, sparse, duplicates, op, prescale):
+    kw = dict(op=op, prescale_factor=prescale, scheme=scheme)
     host, device = sync(ts[me], "host", **kw), sync(ts[me], "device", **kw)
-    where = f"seed={seed} M={M} D={D} density={density} {dtype} sparse={sparse} op={op}"
+    where = f"{scheme}: seed={seed} M={M} D={D} density={density} {dtype} sparse={sparse} op={op}"
     assert host.is_sparse == device.is_sparse == bool(sparse), where
     if sparse:
         assert torch.equal(host._indices(), device._indices()), f"{where}: other units"
@@ -137,14 +143,37 @@ def test_random(seed, M, D, density, dtype, sparse, duplicates, op):
 test_random()
 
 if ROUTE:
-    assert routed["push"] > 0 and routed["pull"] > 0, routed
+    assert all(routed.values()), routed   # Push, Pull, and the hierarchy's steps
 
 # One rank on the host path, the others on the device path: one wire format, one result.
 if not SIZED:
     ts, ref = inputs(11, 700, 3, 0.2, torch.float32, "row", False)
-    mixed = sync(ts[me], "host" if me == 0 else "device", op=zen_hvd.Sum)
-    assert torch.allclose(mixed.to_dense().double().cpu(), ref, atol=1e-5)
-    assert same_on_all_ranks(tr, digest(mixed.cpu()))
+    for scheme in SCHEMES:
+        mixed = sync(ts[me], "host" if me == 0 else "device", scheme, op=zen_hvd.Sum)
+        assert torch.allclose(mixed.to_dense().double().cpu(), ref, atol=1e-5), scheme
+        assert same_on_all_ranks(tr, digest(mixed.cpu())), scheme
+
+# auto keeps a tensor on its device: a dense table, for which the host path's auto picks a
+# scheme without a device path (a baseline), picks among the schemes with one.
+ts, ref = inputs(13, 400, 2, 1.0, torch.float32, "row", False)
+for path in ("host", "device"):
+    os.environ["ZEN_HVD_DATA_PATH"] = path
+    for _ in range(3):   # auto decides after its first check calls
+        got = zen_hvd.sparse_allreduce(ts[me], name=f"auto_{path}", op=zen_hvd.Sum, transport=args.transport)
+    del os.environ["ZEN_HVD_DATA_PATH"]
+    assert torch.allclose(got.to_dense().double().cpu(), ref, atol=1e-5), path
+    picked = zen_hvd.sync.last_sync["scheme"]
+    assert (picked not in SCHEMES) == (path == "host"), (path, picked)
+
+# Under the sized protocol (NCCL's) the header round names ranks on different kinds of
+# device before the hierarchy starts, on every rank.
+if SIZED:
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
+    try:
+        sync(t, "host" if me == 0 else "device", "hierarchical")
+        raise AssertionError("hierarchical: ranks on host and device paths were not caught")
+    except TensorMismatchError as e:
+        assert "different kinds of device" in str(e) and "rank 0: host, rank 1: GPU" in str(e), e
 
 # A corrupt Push message (rank 1 sends rank 0 eight bytes more than its header says): on
 # either path every rank raises, naming the tensor and the server that saw it.
@@ -170,18 +199,19 @@ if n > 1:
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
 bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
 os.environ["ZEN_HVD_DATA_PATH"] = "device"
-try:
-    zen_hvd.sparse_allreduce(bad, name="out_of_range", scheme="balanced", transport=args.transport)
-    raise AssertionError("an index out of range was not caught")
-except InvalidTensorError as e:
-    assert "out_of_range" in str(e) and "500" in str(e), e
-try:
-    t = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2, dtype=torch.float64 if me else torch.float32),
-                                (100, 2)).to(DEV)
-    zen_hvd.sparse_allreduce(t, name="dtypes", scheme="balanced", transport=args.transport)
-    raise AssertionError("a dtype mismatch was not caught")
-except TensorMismatchError as e:
-    assert "dtypes" in str(e), e
+for scheme in SCHEMES:
+    try:
+        zen_hvd.sparse_allreduce(bad, name="out_of_range", scheme=scheme, transport=args.transport)
+        raise AssertionError(f"{scheme}: an index out of range was not caught")
+    except InvalidTensorError as e:
+        assert "out_of_range" in str(e) and "500" in str(e), e
+    try:
+        t = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2, dtype=torch.float64 if me else torch.float32),
+                                    (100, 2)).to(DEV)
+        zen_hvd.sparse_allreduce(t, name="dtypes", scheme=scheme, transport=args.transport)
+        raise AssertionError(f"{scheme}: a dtype mismatch was not caught")
+    except TensorMismatchError as e:
+        assert "dtypes" in str(e), e
 del os.environ["ZEN_HVD_DATA_PATH"]
 check(12, 300, 2, 0.3, torch.float32, "row", False, zen_hvd.Sum, 1.0)
 
