@@ -8,8 +8,9 @@ Allgatherv, Allgather, Allreduce) serve the baselines and control values. Every 
 sends, the collectives in their non-blocking form) polls under the stall policy (stall.py): a
 dead or departed peer ends the wait with an error naming the tensor and the missing ranks.
 A rank whose process ends sends each peer a farewell (its sync count) at exit; a wait for a
-rank that said farewell raises PeerLeftError at once, naming the ranks and their counts, so a
-rank that exits or runs ahead ends the job without waiting for the stall deadline.
+rank that said farewell raises PeerLeftError within a second (stall.LAST_MESSAGES: what the
+rank sent before it left may still land), naming the ranks and their counts, so a rank that
+exits or runs ahead ends the job without waiting for the stall deadline.
 Buffers are the torch tensors' own memory (no copies); counts and displacements are explicit.
 The device data path's buffers (CUDA tensors) go to MPI as they are when the library is
 CUDA-aware (cuda_aware), after the tensor's stream has finished writing them; otherwise they

@@ -32,6 +32,7 @@ class PeerLeftError(StallError):
 
 
 GONE_EVERY = 0.02   # seconds between checks for departed peers while a wait lasts
+LAST_MESSAGES = 1.0  # seconds a wait still polls after a departure: what the peer sent may land
 
 
 def _seconds(ours: str, horovods: str, default: float, positive_only: bool = False) -> float:
@@ -62,7 +63,8 @@ def wait(done, policy: Policy, what, missing, gone=None) -> None:
     policy.shutdown raise StallError; both name what() (the tensor and the step) and
     missing() (the ranks not arrived, or a phrase when a collective cannot tell); both are
     called only then, so a wait that ends in time formats nothing. gone(), checked every
-    GONE_EVERY seconds, returns a phrase when a rank waited for has left: PeerLeftError at once."""
+    GONE_EVERY seconds, returns a phrase when a rank waited for has left: PeerLeftError, unless
+    the wait ends within LAST_MESSAGES seconds (the peer's last data was still in flight)."""
     if done():
         return
     start, warned, next_gone = time.monotonic(), False, GONE_EVERY
@@ -74,7 +76,7 @@ def wait(done, policy: Policy, what, missing, gone=None) -> None:
         if gone is not None and elapsed >= next_gone:
             next_gone = elapsed + GONE_EVERY
             left = gone()
-            if left:
+            if left and not _ends_within(done, policy.poll, LAST_MESSAGES):
                 raise PeerLeftError(f"zen_hvd: {what()}: {left}, so the wait can never end: a "
                                     "rank has died, or the ranks are out of step (one ran more "
                                     "steps or syncs than the others)")
@@ -88,6 +90,18 @@ def wait(done, policy: Policy, what, missing, gone=None) -> None:
                 "(ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank has died, the ranks are out of "
                 "step (one ran more steps or syncs than the others), or they use different "
                 "transports (transport= and ZEN_HVD_TRANSPORT must agree on every rank)")
+
+
+def _ends_within(done, poll: float, seconds: float) -> bool:
+    """Whether done() turns True within `seconds`. A peer that finished the step and exited
+    has sent all of it, but its farewell can overtake its last data: a collective's parts
+    travel apart from point-to-point messages, and a send completes only once acknowledged."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(poll)
+        if done():
+            return True
+    return False
 
 
 def ranks_phrase(ranks) -> str:
