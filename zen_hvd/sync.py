@@ -5,8 +5,9 @@
                Balanced parallelism's Push carries its data in this round; the other schemes
                send the header alone and then run their own pattern;
     scheme  -> balanced: aggregate, Pull, decode (balanced.py); the others: plan and run;
-    layout  -> the result in the input's layout: sparse in, coalesced sparse out; dense in,
-               dense out; bitwise identical on every rank.
+    layout  -> the result in the input's layout: sparse in, coalesced sparse out (or, with
+               coalesced=False, the union in the servers' order); dense in, dense out;
+               bitwise identical on every rank.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _op_codes():
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                      scheme: str = "auto", transport: str | None = None,
                      process_set=None, unit: str | None = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     coalesced: bool = True) -> torch.Tensor:
     """Sum or mean of `tensor` over all ranks, with Zen's scheme choice or the scheme named.
 
     tensor: torch sparse COO (element or hybrid row-sparse, coalesced or not) or dense.
@@ -52,11 +54,15 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
     unit: "row" or "element" for dense tensors (default: rows of a 2-D tensor, else elements).
     prescale_factor, postscale_factor: as in hvd.allreduce, every input is multiplied by the
         first before the sum and the result by the second (Average's 1/n on top).
+    coalesced: a sparse result with ascending indices (default), or (False) each unit of the
+        union once in the order the ranks sent it, marked uncoalesced, as Horovod's sparse
+        allreduce returns its result (without its repeated rows): no sort and no gather.
     """
     layout, units, values, info = allreduce_units(tensor, name, op, scheme=scheme, transport=transport,
                                                   process_set=process_set, unit=unit,
                                                   prescale_factor=prescale_factor,
-                                                  postscale_factor=postscale_factor)
+                                                  postscale_factor=postscale_factor,
+                                                  ordered=coalesced)
     return result(tensor, layout, units, values)
 
 

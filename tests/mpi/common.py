@@ -7,11 +7,12 @@ import torch
 
 
 def digest(t: torch.Tensor) -> int:
-    """A 56-bit hash of a tensor's bytes (indices and values for a sparse tensor)."""
+    """A 56-bit hash of a tensor's bytes (indices and values for a sparse tensor, in their
+    stored order: an uncoalesced result must be the same on every rank too)."""
     h = hashlib.blake2b(digest_size=7)
     if t.is_sparse:
-        h.update(t.indices().numpy().tobytes())
-        t = t.values()
+        h.update(t._indices().numpy().tobytes())
+        t = t._values()
     h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return int.from_bytes(h.digest(), "little")
 

@@ -54,10 +54,18 @@ def check(name, inputs, op=zen_hvd.Sum, rtol=1e-5, **kw):
     assert torch.allclose(got, ref, rtol=rtol, atol=rtol, equal_nan=True), \
         f"{name}: result differs from the dense sum (max err {(got - ref).abs().nan_to_num().max()})"
     if out.is_sparse:
-        assert out.is_coalesced(), f"{name}: sparse result not coalesced"
         union = torch.cat([t.coalesce().indices() for t in inputs], dim=1)
         union = torch.unique(union, dim=1) if union.numel() else union
-        assert torch.equal(out.indices(), union), f"{name}: unit set differs from the union"
+        if kw.get("coalesced", True):
+            assert out.is_coalesced(), f"{name}: sparse result not coalesced"
+            assert torch.equal(out.indices(), union), f"{name}: unit set differs from the union"
+        else:   # each unit of the union once, in any order; marked coalesced only if ascending
+            idx = out._indices()
+            assert torch.equal(torch.unique(idx, dim=1) if idx.numel() else idx, union) and \
+                idx.shape[1] == union.shape[1], f"{name}: not each unit of the union once"
+            flat = np.ravel_multi_index(tuple(idx.numpy()), out.shape[:idx.shape[0]]) if idx.numel() else []
+            assert out.is_coalesced() == bool(len(flat) < 2 or (np.diff(flat) > 0).all()), \
+                f"{name}: marked coalesced though its units descend (or the reverse)"
     assert same_on_all_ranks(tr, digest(out)), f"{name}: result not bitwise identical on all ranks"
     return out
 
@@ -109,6 +117,10 @@ check("element_3d", [make_sparse(a, b, (10, 20, 50)) for a, b in zip(u, v)])
 dup = [torch.sparse_coo_tensor(torch.tensor([[3, 7, 3, 3 + r]]), torch.tensor([1.0, 2.0, 4.0, 8.0]), (50,))
        for r in range(n)]
 check("uncoalesced", dup)
+# coalesced=False: the union's units once each, in the servers' order, on every scheme
+for scheme in ("balanced", "hierarchical", "agsparse", "auto"):
+    check(f"unordered_{scheme}", rows(3000, 8, 0.05, 0.5, 1.0, 13), scheme=scheme, coalesced=False)
+    check(f"unordered_uncoalesced_{scheme}", dup, scheme=scheme, coalesced=False)
 # dense in, dense out (rows of a 2-D table; elements of a 1-D tensor), NaN and Inf propagate
 dense_rows = [t.to_dense() for t in rows(500, 8, 0.05, 0.3, 1.0, 9)]
 check("dense_rows", dense_rows)
@@ -206,12 +218,13 @@ check("after_errors", good)
 @given(M=st.integers(1, 3000), D=st.sampled_from([1, 2, 5, 16]), density=st.floats(0, 1),
        overlap=st.floats(0, 1), skew=st.sampled_from([0.0, 0.5, 1.0, 1.5]),
        seed=st.integers(0, 2 ** 31), op=st.sampled_from(["sum", "avg"]),
-       dense=st.booleans())
-def random_workloads(M, D, density, overlap, skew, seed, op, dense):
+       dense=st.booleans(), coalesced=st.booleans())
+def random_workloads(M, D, density, overlap, skew, seed, op, dense, coalesced):
     inputs = rows(M, D, density, overlap, skew, seed)
     if dense:
         inputs = [t.to_dense() for t in inputs]
-    check(f"random_{M}_{D}_{seed}", inputs, op=zen_hvd.Sum if op == "sum" else zen_hvd.Average)
+    check(f"random_{M}_{D}_{seed}", inputs, op=zen_hvd.Sum if op == "sum" else zen_hvd.Average,
+          coalesced=coalesced)
 
 
 random_workloads()

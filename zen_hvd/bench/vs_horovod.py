@@ -10,6 +10,9 @@ repeat after repeat in turn, with:
   horovod-dense   hvd.allreduce of the dense gradient (what sparse_as_dense=True does)
   horovod-sparse  hvd.sparse_allreduce_async + synchronize (Horovod's allgather of COO)
   zen-balanced    zen_hvd.sparse_allreduce(scheme="balanced")
+  zen-uncoalesced zen_hvd.sparse_allreduce(scheme="balanced", coalesced=False): the union's
+                  rows in the servers' order, as Horovod's result is unsorted (and what the
+                  optimizer takes): no sort and no gather of the result
   zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
 sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import time
 
-METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-auto")
+METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-uncoalesced", "zen-auto")
 
 
 def _cpu():
@@ -96,12 +99,14 @@ def child(args):
     def horovod_sparse():
         return hvd.sparse_allreduce_async(grad, name="bench.sparse", op=hvd.Average)()  # a callable handle
 
-    def zen(scheme):
-        return lambda: zen_hvd.sparse_allreduce(grad, name=f"bench.{scheme}", op=zen_hvd.Average,
-                                                scheme=scheme, transport=args.transport)
+    def zen(scheme, coalesced=True):
+        name = f"bench.{scheme}" + ("" if coalesced else ".uncoalesced")
+        return lambda: zen_hvd.sparse_allreduce(grad, name=name, op=zen_hvd.Average, scheme=scheme,
+                                                transport=args.transport, coalesced=coalesced)
 
     fns = {"horovod-dense": horovod_dense, "horovod-sparse": horovod_sparse,
-           "zen-balanced": zen("balanced"), "zen-auto": zen("auto")}
+           "zen-balanced": zen("balanced"), "zen-uncoalesced": zen("balanced", coalesced=False),
+           "zen-auto": zen("auto")}
     methods = [m for m in args.methods.split(",") if m]
     # Correctness first: every method against the dense allreduce.
     ref = horovod_dense()
@@ -211,10 +216,11 @@ def report(args, n, methods, table, agree, choice):
               f"{ideal:>10}{ti:>9}  {agree[m]}{mark}")
     if "zen-auto" in methods:
         print(f"  zen-auto chose: {choice}")
-    if hs and "zen-balanced" in res:
-        z = res["zen-balanced"]
-        print(f"  Zen balanced is {hs['t'] / z['t']:.2f}x Horovod's sparse allgather in time "
-              f"({hs['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / hs['bytes']:.2f}x its bytes")
+    for m, what in (("zen-balanced", "Zen balanced"), ("zen-uncoalesced", "Zen balanced, uncoalesced,")):
+        if hs and m in res:
+            z = res[m]
+            print(f"  {what} is {hs['t'] / z['t']:.2f}x Horovod's sparse allgather in time "
+                  f"({hs['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / hs['bytes']:.2f}x its bytes")
     write_csv(args.out, [dict(setting=where, method=m, time_ms=res[m]["t"] * 1e3, cpu_ms=res[m]["cpu"] * 1e3,
                               sys_ms=res[m]["sys"] * 1e3,
                               recv_bytes_per_rank=res[m]["bytes"], bytes_counted=res[m]["counted"],
