@@ -13,8 +13,8 @@ MODE:
   transport   rank 1 syncs over Horovod's collectives, the others over mpi4py (the ranks'
               agreement on the transport, at its first use, raises on every rank).
 A rank that exits says farewell to its peers, so those waiting for it raise PeerLeftError
-within a second; a silent rank ends the others' wait at the (short, in the test) stall deadline. The
-test expects mpirun to exit non-zero with the tensor and the ranks named.
+within a second; a silent rank ends the others' wait at the (short, in the test) stall
+deadline. The test expects mpirun to exit non-zero with the tensor and the ranks named.
 """
 import sys
 import time
