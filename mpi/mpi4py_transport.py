@@ -31,7 +31,6 @@ from . import stall
 from .transport import Transport, body_of, copy, displacements, empty_like, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
-POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # sleep between probes while a message is awaited
 CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
 
 
@@ -54,15 +53,13 @@ def cuda_aware(MPI) -> bool:
 class Mpi4pyTransport(Transport):
     name = "mpi4py"
 
-    def __init__(self, process_set=None):
+    def __init__(self, ranks=None):
+        """Among the MPI ranks `ranks` (ascending; None: every rank of the job)."""
         from mpi4py import MPI
 
         self._MPI = MPI
         world = MPI.COMM_WORLD
-        ranks = None
-        if process_set is not None:
-            ranks = getattr(process_set, "ranks", None)
-        self.policy = stall.Policy.from_env(float(os.environ.get(POLL_VAR, "0.00005")))
+        self.policy = stall.transport_policy()
         if ranks is None or sorted(ranks) == list(range(world.Get_size())):
             # Non-blocking, under the stall policy: a rank that never builds this transport
             # (it chose another) must not leave the others blocked here.

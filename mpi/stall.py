@@ -31,6 +31,11 @@ class PeerLeftError(StallError):
     """A wait of a sync is for a rank that has already left (its process ended)."""
 
 
+class PeerLostError(StallError):
+    """A connection to a peer failed during a sync (the peer died or exited)."""
+
+
+POLL_VAR = "ZEN_HVD_POLL_SECONDS"   # a transport's sleep between polls while it waits
 GONE_EVERY = 0.02   # seconds between checks for departed peers while a wait lasts
 LAST_MESSAGES = 1.0  # seconds a wait still polls after a departure: what the peer sent may land
 
@@ -56,6 +61,11 @@ class Policy:
                    _seconds("ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                             600.0, positive_only=True),
                    poll)
+
+
+def transport_policy() -> Policy:
+    """The policy of a transport's waits: ZEN_HVD_POLL_SECONDS (default 5e-5) between polls."""
+    return Policy.from_env(float(os.environ.get(POLL_VAR, "0.00005")))
 
 
 def wait(done, policy: Policy, what, missing, gone=None) -> None:

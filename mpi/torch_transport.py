@@ -1,10 +1,12 @@
 """Transport over torch.distributed point-to-point (isend / irecv): gloo for CPU tensors.
 
-Works under mpirun and under `horovodrun --gloo` alike: the process group is initialised from
-Horovod's rank and size, with the rendezvous address agreed through Horovod (rank 0 picks a
-free port and broadcasts it with its address in one hvd.broadcast). If the application has
-already initialised torch.distributed with the same ranks, a gloo group is made beside its
-default group instead. The NCCL backend takes the same calls for CUDA tensors (the GPU path).
+Its gloo group: under torch.distributed (torchrun, DDP) a gloo group of the sync's ranks made
+beside the application's groups (runtime.State.gloo: no second rendezvous); under Horovod
+(mpirun, `horovodrun --gloo`) the process group is initialised from Horovod's rank and size,
+with the rendezvous address agreed through Horovod (rank 0 picks a free port and broadcasts it
+with its address in one hvd.broadcast), or, if the application has already initialised
+torch.distributed with the same ranks, made beside its default group. The NCCL backend takes
+the same calls for CUDA tensors (the GPU path).
 
 Push and Pull: a message's first part is its 8-byte length and up to EAGER - 8 of its bytes,
 received into an EAGER-byte buffer (gloo takes a message shorter than the buffer it lands in);
@@ -20,10 +22,12 @@ message's body and tail go as two sends, so the body lands straight in its place
 others. ZEN_HVD_DEVICE_BUFFERS=1 runs this sized protocol over gloo on CPU tensors as well (how
 the suite tests it without a GPU).
 
-A failed wait (a peer closed or reset its connection, or gloo's timeout, the stall shutdown
-time, passed) raises HorovodInternalError naming the tensor, as Horovod's own collectives do
-when a peer is lost: elastic Horovod (zen_hvd.elastic.run) then resets and rebuilds the
-transport; elsewhere the error ends the job.
+Every wait polls its requests under the stall policy (stall.py): after the check time a
+warning, after the shutdown time StallError, both naming the tensor and the ranks not heard
+from. A failed wait (a peer closed or reset its connection: it died or exited) raises naming
+that rank: HorovodInternalError where Horovod runs, as Horovod's own collectives do when a peer
+is lost (elastic Horovod, zen_hvd.elastic.run, then resets and rebuilds the transport), else
+zen_hvd.PeerLostError; elsewhere the error ends the job.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import datetime
 import functools
 import os
 import socket
+import sys
 
 import numpy as np
 import torch
@@ -45,25 +50,35 @@ EAGER = 1 << 18   # bytes of a message's first part, length included
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
 
 
+
+
+def peer_lost(message: str) -> Exception:
+    """The error of a sync that lost a peer: Horovod's HorovodInternalError where Horovod runs
+    (elastic Horovod resets and carries on after it), else zen_hvd's PeerLostError."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and hvd.is_initialized():
+        from horovod.common.exceptions import HorovodInternalError
+
+        return HorovodInternalError(message)
+    return stall.PeerLostError(message)
+
+
 def _peer_loss(method):
-    """A RuntimeError of a gloo wait inside `method` -> HorovodInternalError naming the tensor;
-    the transport is marked broken so the next sync builds a new one."""
+    """A RuntimeError of a gloo collective inside `method` -> peer_lost naming the tensor; the
+    transport is marked broken so the next sync builds a new one."""
     @functools.wraps(method)
     def wrapper(self, *args):
         try:
             return method(self, *args)
         except RuntimeError as e:
-            from horovod.common.exceptions import HorovodInternalError
-
-            if isinstance(e, HorovodInternalError):
+            if isinstance(e, (stall.StallError, stall.PeerLostError)) or type(e).__name__ == "HorovodInternalError":
                 raise
             self.broken = True
-            raise HorovodInternalError(f"zen_hvd: tensor {self.activity!r}: transport 'torch' "
-                                       f"lost a peer ({e})") from e
+            raise peer_lost(f"zen_hvd: tensor {self.activity!r}: transport 'torch' lost a peer ({e})") from e
     return wrapper
 
 
-def _own_address() -> str:
+def own_address() -> str:
     """This host's address as peers reach it: ZEN_HVD_RENDEZVOUS_ADDR, else the address of the
     interface that routes outward, else (no default route, as on a private cluster network)
     the first non-loopback interface's address, else the host name's address."""
@@ -121,7 +136,7 @@ def _pin_gloo_interface(rendezvous: str) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -139,56 +154,95 @@ class TorchTransport(Transport):
     name = "torch"
     sizes_first = True   # device buffers: each message's size over gloo first (NCCL's need)
 
-    def __init__(self, process_set=None):
-        import horovod.torch as hvd
+    def __init__(self, group, state):
+        """Point to point among the ranks of `group` (runtime.Group): under torch.distributed
+        over the group's own gloo group (state.gloo()); under Horovod over a gloo group of
+        Horovod's ranks (see the module doc)."""
         import torch.distributed as dist
 
-        if process_set is not None:
-            raise ValueError("transport 'torch' serves the global process set only; use "
-                             "transport='mpi4py' or 'horovod' with a process set")
         self._dist = dist
-        rank, size = hvd.rank(), hvd.size()
-        if dist.is_initialized():
-            if (dist.get_rank(), dist.get_world_size()) != (rank, size):
-                raise RuntimeError("torch.distributed is initialised with other ranks than Horovod's")
-            self._group = dist.new_group(backend="gloo")
+        rank, size = group.world()
+        self._owned = group.runtime == "horovod"   # a group this transport made and destroys
+        if not self._owned:
+            self._group = state.gloo()
+            members = group.members()
+            self._global = list(range(size)) if members is None else members
+        elif group.handle is not None:
+            raise ValueError("transport 'torch' serves Horovod's global process set only; use "
+                             "transport='mpi4py' or 'horovod' with a process set")
         else:
-            local = hvd.local_size() == size
-            info = torch.zeros(5, dtype=torch.int64)
-            if rank == 0:
-                addr = "127.0.0.1" if local and not os.environ.get(ADDR_VAR) else _own_address()
-                info[0] = _free_port()
-                info[1:] = torch.tensor([int(b) for b in socket.inet_aton(
-                    socket.gethostbyname(addr))])
-            info = hvd.broadcast(info, root_rank=0, name="zen_hvd.torch_transport.rendezvous")
-            addr = ".".join(str(int(b)) for b in info[1:])
-            # Every wait of the group ends after the stall shutdown time (stall.py).
-            shutdown = stall.Policy.from_env(0.0).shutdown
-            kw = dict(timeout=datetime.timedelta(seconds=shutdown)) if shutdown > 0 else {}
-            _pin_gloo_interface(addr)
-            dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
-                                    rank=rank, world_size=size, **kw)
-            self._group = None
+            self._group = self._horovod_group(rank, size)
+            self._global = list(range(size))
         self._nccl = None   # made at the first device sync (_data_group)
         super().__init__(rank, size)
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
         atexit.register(self.close)
 
+    def _horovod_group(self, rank, size):
+        """A gloo group of Horovod's ranks: beside the application's default group if it has
+        one, else the default group, initialised at an address rank 0 broadcasts through
+        Horovod."""
+        import horovod.torch as hvd
+
+        dist = self._dist
+        if dist.is_initialized():
+            if (dist.get_rank(), dist.get_world_size()) != (rank, size):
+                raise RuntimeError("torch.distributed is initialised with other ranks than Horovod's")
+            return dist.new_group(backend="gloo")
+        local = hvd.local_size() == size
+        info = torch.zeros(5, dtype=torch.int64)
+        if rank == 0:
+            addr = "127.0.0.1" if local and not os.environ.get(ADDR_VAR) else own_address()
+            info[0] = free_port()
+            info[1:] = torch.tensor([int(b) for b in socket.inet_aton(socket.gethostbyname(addr))])
+        info = hvd.broadcast(info, root_rank=0, name="zen_hvd.torch_transport.rendezvous")
+        addr = ".".join(str(int(b)) for b in info[1:])
+        # Every wait of the group ends after the stall shutdown time (stall.py).
+        shutdown = stall.Policy.from_env(0.0).shutdown
+        kw = dict(timeout=datetime.timedelta(seconds=shutdown)) if shutdown > 0 else {}
+        _pin_gloo_interface(addr)
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
+                                rank=rank, world_size=size, **kw)
+        return None
+
     def close(self):
-        """Destroy the group this transport made (the default group, if it initialised
+        """Destroy the groups this transport made (the default group, if it initialised
         torch.distributed), so that a later transport can make another."""
         atexit.unregister(self.close)
         if not self._dist.is_initialized():
             return
-        for group in ([self._nccl] if self._nccl is not None else []) + [self._group]:
+        groups = [self._nccl] if self._nccl is not None else []
+        for group in groups + ([self._group] if self._owned else []):
             try:
                 self._dist.destroy_process_group(group)
             except (RuntimeError, ValueError, AssertionError):   # already gone with its peers
                 pass
 
+    def _wait(self, pending, tag=None):
+        """Wait for (peer, work) pairs. gloo's point-to-point works complete only in wait(),
+        which ends at the group's timeout (the stall shutdown time); a work that fails raises
+        naming its peer: StallError when it timed out (the peer is alive but does not send:
+        out of step, or stuck), else peer_lost (the peer closed or reset its connection: it
+        died or exited)."""
+        for peer, work in pending:
+            try:
+                work.wait()
+            except RuntimeError as e:
+                self.broken = True
+                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                    raise stall.StallError(
+                        f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the "
+                        "stall shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, "
+                        f"or the ranks are out of step ({e})") from e
+                raise peer_lost(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer} "
+                                f"(it died or exited: {e})") from e
+
+    def _what(self, tag=None) -> str:
+        step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")
+        return f"tensor {self.activity!r} ({step})"
+
     # -- point to point ------------------------------------------------------------------
-    @_peer_loss
     def _exchange(self, sends, tag):
         """sends[r] (a uint8 numpy buffer) goes to rank r; returns the received parts (the part
         from this rank is empty)."""
@@ -201,37 +255,38 @@ class TorchTransport(Transport):
             if id(sends[r]) not in heads:
                 heads[id(sends[r])] = _first_part(payload)
             sent += self._send(payload, heads[id(sends[r])], r, tag)
+        self._wait([(r, firsts[r][1]) for r in peers], tag)
         parts, rests = [np.zeros(0, np.uint8)] * self.size, []
         for r in peers:
-            parts[r] = self._message(*firsts[r], r, tag, rests)
-        for q in rests + sent:
-            q.wait()
+            parts[r] = self._message(firsts[r][0], r, tag, rests)
+        self._wait(rests + sent, tag)
         return parts
 
     def _first_recv(self, peer, tag):
-        """(buffer, request) receiving a message's first part from peer."""
+        """(buffer, work) receiving a message's first part from peer."""
         first = torch.empty(EAGER, dtype=torch.uint8)
-        return first, self._dist.irecv(first, peer, group=self._group, tag=tag)
+        return first, self._dist.irecv(first, self._global[peer], group=self._group, tag=tag)
 
     def _send(self, payload, head, peer, tag):
-        """The requests that send one message: its first part `head` (_first_part) and, past
-        EAGER bytes, its rest."""
-        reqs = [self._dist.isend(head, peer, group=self._group, tag=tag)]
+        """The (peer, work) pairs that send one message: its first part `head` (_first_part)
+        and, past EAGER bytes, its rest."""
+        dst, group = self._global[peer], self._group
+        works = [(peer, self._dist.isend(head, dst, group=group, tag=tag))]
         if payload.numel() > EAGER - 8:
-            reqs.append(self._dist.isend(payload[EAGER - 8:], peer, group=self._group, tag=tag + 1))
-        return reqs
+            works.append((peer, self._dist.isend(payload[EAGER - 8:], dst, group=group, tag=tag + 1)))
+        return works
 
-    def _message(self, first, request, peer, tag, rests):
-        """The message whose first part `request` receives into `first`, as a numpy buffer;
-        the irecv of its rest, if any, is appended to `rests` (the buffer is full once they
-        complete)."""
-        request.wait()
+    def _message(self, first, peer, tag, rests):
+        """The message whose first part has landed in `first`, as a numpy buffer; the
+        (peer, work) receiving its rest, if any, is appended to `rests` (the buffer is full
+        once they complete)."""
         length = int(first[:8].view(torch.int64)[0])
         if length <= EAGER - 8:
             return first[8:8 + length].numpy()
         whole = torch.empty(length, dtype=torch.uint8)
         whole[:EAGER - 8] = first[8:]
-        rests.append(self._dist.irecv(whole[EAGER - 8:], peer, group=self._group, tag=tag + 1))
+        rests.append((peer, self._dist.irecv(whole[EAGER - 8:], self._global[peer],
+                                             group=self._group, tag=tag + 1)))
         return whole.numpy()
 
     def _push(self, send, send_counts):
@@ -262,7 +317,9 @@ class TorchTransport(Transport):
         if device.type != "cuda":
             return self._group
         if self._nccl is None:
-            self._nccl = self._dist.new_group(backend="nccl")
+            members = None if self._owned else self._global
+            self._nccl = self._dist.new_group(ranks=members, backend="nccl",
+                                              use_local_synchronization=members is not None)
             self._dist.all_reduce(torch.zeros(1, device=device), group=self._nccl)
         return self._nccl
 
@@ -291,8 +348,8 @@ class TorchTransport(Transport):
         """One batch_isend_irecv: sends and recvs are (peer, tensor) pairs, empty ones left out
         (both sides know the sizes)."""
         group, dist = self._data_group(device), self._dist
-        ops = [dist.P2POp(dist.isend, t, r, group=group) for r, t in sends if t.numel()]
-        ops += [dist.P2POp(dist.irecv, t, r, group=group) for r, t in recvs if t.numel()]
+        ops = [dist.P2POp(dist.isend, t, self._global[r], group=group) for r, t in sends if t.numel()]
+        ops += [dist.P2POp(dist.irecv, t, self._global[r], group=group) for r, t in recvs if t.numel()]
         for req in dist.batch_isend_irecv(ops) if ops else []:
             req.wait()
 
@@ -358,7 +415,6 @@ class TorchTransport(Transport):
         self._dist.all_reduce(t, group=self._group)
         return t
 
-    @_peer_loss
     def _swap(self, send, peer, receive):
         if peer is None:
             return None
@@ -369,7 +425,7 @@ class TorchTransport(Transport):
             sent = self._send(payload, _first_part(payload), peer, STEP_TAG)
         got, rests = None, []
         if receive:
-            got = self._message(*first, peer, STEP_TAG, rests)
-        for q in rests + sent:
-            q.wait()
+            self._wait([(peer, first[1])], STEP_TAG)
+            got = self._message(first[0], peer, STEP_TAG, rests)
+        self._wait(rests + sent, STEP_TAG)
         return got

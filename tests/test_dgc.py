@@ -63,7 +63,7 @@ def test_memory_conserves_the_gradient(momentum):
         u = momentum * u + g
         v = v + u
         total_accumulated += u
-        sent = bucket.compress(size=1).coalesce()
+        sent = bucket.compress(bucket.flat_gradient(), 1).coalesce()
         idx = sent.indices()[0]
         assert torch.allclose(sent.values().double(), v[idx], rtol=1e-5, atol=1e-6)
         total_sent[idx] += sent.values().double()
@@ -81,7 +81,7 @@ def test_each_parameter_of_a_bucket_keeps_its_own_top_ratio():
     small, large = torch.nn.Parameter(torch.zeros(30, 30)), torch.nn.Parameter(torch.zeros(50, 20))
     small.grad, large.grad = torch.randn(30, 30) * 1e-4, torch.randn(50, 20) * 10
     bucket = dgc.Bucket("b", [small, large], dgc.DGC(ratio=0.05, momentum=0.0))
-    sent = bucket.compress(size=1).indices()[0]
+    sent = bucket.compress(bucket.flat_gradient(), 1).indices()[0]
     assert (sent < 900).sum() == math.ceil(0.05 * 900) and (sent >= 900).sum() == math.ceil(0.05 * 1000)
     assert bool((sent[1:] > sent[:-1]).all())
 
@@ -97,7 +97,7 @@ def test_local_clipping_scales_to_the_norm_over_sqrt_n():
     p = torch.nn.Parameter(torch.zeros(10, 10))
     p.grad = torch.full_like(p, 3.0)   # norm 30
     b = dgc.Bucket("b", [p], dgc.DGC(ratio=1.0, momentum=0.0, clip_norm=2.0))
-    sent = b.compress(size=4)
+    sent = b.compress(b.flat_gradient(), 4)
     assert math.isclose(float(torch.linalg.vector_norm(sent.values())), 1.0, rel_tol=1e-5)
 
 

@@ -63,16 +63,14 @@ class Profile:
         "ZEN_HVD_ROUND_BYTES", str(DEFAULT_ROUND_BYTES))))
 
 
-_profiles: dict = {}
-
-
 def recheck_every() -> int:
     return max(1, int(os.environ.get("ZEN_HVD_AUTO_RECHECK", "100")))
 
 
-def choose(name: str) -> str:
-    """The concrete scheme for this call of tensor `name` (the same on every rank)."""
-    prof = _profiles.get(name)
+def choose(profiles: dict, name: str) -> str:
+    """The concrete scheme for this call of tensor `name` (the same on every rank); profiles:
+    the group's (runtime.State.profiles)."""
+    prof = profiles.get(name)
     return FIRST if prof is None else prof.scheme
 
 
@@ -80,14 +78,14 @@ def is_check_call(calls: int, recheck: int) -> bool:
     return calls in (1, 2) or calls % recheck == 0
 
 
-def observe(name, scheme, layout, info, transport, on_device=False) -> None:
+def observe(profiles, name, scheme, layout, info, transport, on_device=False) -> None:
     """After a sync of `name` with `scheme`: count it; on a check call, update the profile
     from what the sync returned (info: every rank's nnz, the union's size) and decide, among
     the DEVICE_CANDIDATES when the tensor stays on its device. Other calls cost one dictionary
     lookup."""
-    prof = _profiles.get(name)
+    prof = profiles.get(name)
     if prof is None:
-        prof = _profiles[name] = Profile()
+        prof = profiles[name] = Profile()
     prof.calls += 1
     if not is_check_call(prof.calls, prof.recheck):
         return
@@ -129,12 +127,19 @@ def _measured_stage_gammas(info, transport, k):
 
 
 def scheme_choices() -> dict:
-    """Per tensor name: the scheme auto uses now and the numbers it chose it by."""
+    """Per tensor name (of every group): the scheme auto uses now and the numbers it chose it
+    by."""
+    from . import runtime
+
     return {name: dict(scheme=p.scheme, calls=p.calls, d_G=p.d_G, gamma_n=p.gamma_n,
                        stage_gammas=p.stage_gammas, predicted_bytes=dict(p.predicted),
                        decided_at_call=p.decided_at)
-            for name, p in _profiles.items()}
+            for state in runtime.states() for name, p in state.profiles.items()}
 
 
 def reset() -> None:
-    _profiles.clear()
+    """Forget every group's decisions (the next syncs profile again)."""
+    from . import runtime
+
+    for state in runtime.states():
+        state.profiles.clear()

@@ -28,9 +28,9 @@ here to keep the optimizer's momentum and use plain error feedback.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
-from horovod.torch.compression import Compression as _HorovodCompression
 
 # DGC's warm-up densities (75%, 93.75%, 98.4375%, 99.6% sparsity), one stage per
 # warmup_steps steps; a stage sparser than the target is skipped (density never below ratio).
@@ -171,10 +171,13 @@ class Bucket:
                  for p in self.params]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def compress(self, size: int) -> torch.Tensor:
-        """One step's local work: accumulate, select, clear. Returns the selected coordinates
-        as a 1-D sparse COO tensor of the bucket's length (coalesced)."""
-        g = self.flat_gradient()
+    def compress(self, g: torch.Tensor, size: int) -> torch.Tensor:
+        """One step's local work on the bucket's flat gradient g (n = size ranks): accumulate,
+        select, clear. Returns the selected coordinates as a 1-D sparse COO tensor of the
+        bucket's length (coalesced)."""
+        if g.numel() != self.numel:
+            raise ValueError(f"zen_hvd DGC: bucket {self.name!r} holds {self.numel} values, and was "
+                             f"given a gradient of {g.numel()} (its parameters changed?)")
         if self.dgc.clip_norm is not None:   # local clipping to clip_norm / sqrt(n)
             limit = self.dgc.clip_norm / math.sqrt(size)
             norm = float(torch.linalg.vector_norm(g))
@@ -226,13 +229,16 @@ class Bucket:
             else:
                 mine.zero_()
 
-    def write_back(self, result):
-        """The synchronized sum (units ascending, values [K, 1]) into each parameter's .grad:
-        dense, zero outside the union of what the ranks sent."""
-        units, values = result
+    def dense(self, units, values) -> torch.Tensor:
+        """The synchronized sum (units ascending, values [K, 1]) as the bucket's flat dense
+        gradient, zero outside the union of what the ranks sent."""
         flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
         if len(units):
             flat[torch.as_tensor(units, device=flat.device)] = values.reshape(-1).to(flat)
+        return flat
+
+    def write_back(self, flat):
+        """The bucket's synchronized flat gradient into each parameter's .grad."""
         for p, (offset, n) in zip(self.params, self.slices):
             part = flat[offset:offset + n].view_as(p)
             if p.grad is None or p.grad.is_sparse:
@@ -259,7 +265,56 @@ def buckets(params, dgc: DGC):
             for group in out]
 
 
-class Compression(_HorovodCompression):
+def save_states(buckets, rank: int, size: int) -> dict:
+    """Every bucket's state_dict, with the rank that saved them (residuals are per rank)."""
+    return dict(rank=rank, size=size, buckets={b.name: b.state_dict() for b in buckets})
+
+
+def check_states(buckets, saved) -> None:
+    """ValueError unless `saved` (save_states' dict, or None: no DGC state) fits these buckets."""
+    if saved is None:
+        return
+    names = {b.name for b in buckets}
+    if not set(saved["buckets"]) >= names:
+        raise ValueError(f"zen_hvd DGC state: the state_dict's buckets {sorted(saved['buckets'])} are "
+                         f"not this optimizer's {sorted(names)} (another model, or other DGC settings?)")
+    for b in buckets:
+        b.check_state(saved["buckets"][b.name])
+
+
+def load_states(buckets, saved, rank: int, size: int) -> None:
+    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state saved
+    by this rank (same rank and size) restores them exactly; one saved by another rank (rank
+    0's checkpoint loaded everywhere) restores the step count only, and the residuals start
+    from zero, since adding rank 0's residual on every rank would count it n times. No saved
+    state (None) starts DGC over (zero residuals, step 0)."""
+    check_states(buckets, saved)
+    if saved is None:
+        warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
+                      "residuals and warm-up start over", stacklevel=3)
+        for b in buckets:
+            b.load_state_dict(None)
+        return
+    own = saved["rank"] == rank and saved["size"] == size
+    if not own and buckets:
+        warnings.warn(f"zen_hvd: DGC state saved by rank {saved['rank']} of {saved['size']}, loaded on "
+                      f"rank {rank} of {size}: the step count is restored and the residuals "
+                      "start from zero (they are per rank; save and load each rank's own "
+                      "state_dict to resume exactly)", stacklevel=3)
+    for b in buckets:
+        b.load_state_dict(saved["buckets"][b.name], residual=own)
+
+
+class _HorovodChoices(type):
+    """Compression's other attributes are Horovod's, imported when first asked for."""
+
+    def __getattr__(cls, name):
+        from horovod.torch.compression import Compression as horovods
+
+        return getattr(horovods, name)
+
+
+class Compression(metaclass=_HorovodChoices):
     """Horovod's compression choices (none, fp16: for the dense allreduce) and DGC:
     `compression=zen_hvd.Compression.dgc(ratio=0.05)` (see DGC for its arguments)."""
 

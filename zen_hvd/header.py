@@ -13,6 +13,7 @@ import hashlib
 import numpy as np
 import torch
 
+from . import ops
 from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, Layout
 
 VERSION = 3
@@ -66,15 +67,6 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
         row[COL[f]] = v
     row[COUNTS:] = counts
     return row
-
-
-def _op_name(code) -> str:
-    """Horovod's name of a reduction op code (zen_hvd.Average, zen_hvd.Sum, ...)."""
-    import horovod.torch as hvd
-
-    names = {getattr(hvd, op): op for op in ("Average", "Sum", "Adasum", "Min", "Max", "Product")
-             if hasattr(hvd, op)}
-    return names.get(int(code), f"op code {int(code)}")
 
 
 def _shape(row) -> tuple:
@@ -146,7 +138,7 @@ def check_table(name: str, table: np.ndarray, scheme_names=None, gather_names=No
             + ")")
     if differs([COL["op"]]):
         raise TensorMismatchError(f"{where}: reduction op differs across ranks ("
-                                  + per_rank(lambda row: _op_name(row[COL["op"]])) + ")")
+                                  + per_rank(lambda row: ops.name(row[COL["op"]])) + ")")
     if differs([COL["seed"]]):
         raise TensorMismatchError(
             f"{where}: the partition hash seed differs across ranks ("

@@ -55,10 +55,10 @@ from horovod.torch.mpi_ops import Adasum, Average, Sum, global_process_set, rocm
 from horovod.torch.optimizer import DistributedOptimizer as _horovod_distributed_optimizer
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from . import dgc, runtime
+from . import dgc, gradients, runtime
 from .header import TensorMismatchError
 from .mpi import select
-from .sync import SCHEMES, allreduce_units, result
+from .sync import SCHEMES
 
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 # Horovod's texts for the same two misuses (horovod/torch/optimizer.py), so users see one message.
@@ -90,11 +90,11 @@ class _ZenParam:
         _write_back(self, out)
 
     def rows(self, grad):
-        """Rows to send: the looked-up rows when recorded, else those holding a non-zero."""
+        """Rows to send: the looked-up rows when recorded, else None (those holding a
+        non-zero)."""
         if self.looked_up:
             return torch.unique(torch.cat(self.looked_up)).to(grad.device)
-        flat = grad.reshape(grad.shape[0], -1)
-        return torch.nonzero(flat.ne(0).any(dim=1)).reshape(-1)
+        return None
 
 
 class _Round:
@@ -217,48 +217,25 @@ class _ZenWorker:
     def _sync(self, zp, rnd):
         """Sync one item. A Zen parameter's dense CPU gradient scanned for rows is synchronized
         in place (returns None); otherwise returns the synchronized sparse gradient. A DGC
-        bucket returns its synchronized (units, values)."""
+        bucket returns its synchronized flat gradient."""
         kw = dict(name=zp.name, op=self.op, scheme=self.scheme, transport=self.transport,
                   process_set=self.process_set, prescale_factor=self.prescale,
                   postscale_factor=self.postscale, step=(rnd.step, rnd.fresh))
         t0 = time.perf_counter()
         before = runtime.comm_stats() if self.profile is not None else None
         if isinstance(zp, dgc.Bucket):
-            _, units, values, _ = allreduce_units(zp.compress(self.size), **kw)
-            out = (units, values)
+            out, info = gradients.sync_dgc(zp, zp.flat_gradient(), self.size, **kw)
         else:
-            out = self._sync_rows(zp, kw)
+            p, grad = zp.param, zp.param.grad
+            # Rows repeat in the result only if the gradient stays sparse (_write_back).
+            stays_sparse = p.grad.is_sparse if p.grad is not None else zp.sparse_grad
+            rows = zp.rows(grad) if grad is not None and not grad.is_sparse else None
+            out, info = gradients.sync_rows(grad, p, rows, repeats=stays_sparse, **kw)
         if self.profile is not None:
-            self._record(zp, out, before, time.perf_counter() - t0)
+            self._record(zp, info, before, time.perf_counter() - t0)
         return out
 
-    @staticmethod
-    def _sync_rows(zp, kw):
-        """A Zen parameter's sync by rows (see _sync)."""
-        p, grad = zp.param, zp.param.grad
-        if grad is not None and not grad.is_sparse and zp.looked_up is None \
-                and grad.device.type == "cpu" and grad.is_contiguous():
-            allreduce_units(grad, unit="row", out=grad.view(grad.shape[0], -1), **kw)
-            return None
-        if grad is None:
-            sent = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
-                                           p.detach().new_zeros((0,) + tuple(p.shape[1:])),
-                                           tuple(p.shape))
-        elif grad.is_sparse and grad.sparse_dim() == 1:
-            sent = grad
-        else:
-            grad = grad.to_dense() if grad.is_sparse else grad
-            rows = zp.rows(grad)
-            sent = torch.sparse_coo_tensor(rows.reshape(1, -1), grad.index_select(0, rows),
-                                           tuple(p.shape), is_coalesced=True, check_invariants=False)
-        # Unordered: the gradient's rows in the servers' order, marked uncoalesced (as
-        # Horovod's sparse path returns it); an optimizer adds them all the same. Rows may
-        # repeat only when the gradient stays sparse (a dense .grad gets rows copied in).
-        stays_sparse = p.grad.is_sparse if p.grad is not None else zp.sparse_grad   # _write_back
-        layout, units, values, _ = allreduce_units(sent, ordered=False, repeats=stays_sparse, **kw)
-        return result(sent, layout, units, values)
-
-    def _record(self, zp, out, before, seconds):
+    def _record(self, zp, info, before, seconds):
         after = runtime.comm_stats()
         rows = zp.numel if isinstance(zp, dgc.Bucket) else zp.param.shape[0] or 1
         prof = self.profile[zp.name]
@@ -266,11 +243,9 @@ class _ZenWorker:
         prof["seconds"] += seconds
         for k in ("bytes_sent", "bytes_received"):
             prof[k] += after[k] - before[k]
-        from .sync import last_sync
-
-        prof["rows"] = int(last_sync["nnz"][self._rank()])   # elements, for a DGC bucket
+        prof["rows"] = int(info["nnz"][self._rank()])   # elements, for a DGC bucket
         prof["density"] = prof["rows"] / rows
-        prof["union_density"] = last_sync["union_size"] / rows
+        prof["union_density"] = info["union_size"] / rows
 
     def _rank(self):
         import horovod.torch as hvd
@@ -331,7 +306,7 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         if self._groups is not None:  # Zen and DGC parameters leave Horovod's groups
             self._regroup(ids)
         ps = None if process_set.process_set_id == global_process_set.process_set_id else process_set
-        transport = select.resolve_transport_name(zen["transport"], ps)
+        transport = select.resolve_transport_name(zen["transport"], runtime.group_of(ps))
         self._zen = _ZenWorker(items, op, gradient_predivide_factor, zen["scheme"], transport,
                                ps, early=True, profile=zen["profile"])
         if self._zen.profile is not None:
@@ -398,8 +373,7 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         if self.dgc_buckets:
             import horovod.torch as hvd
 
-            state[DGC_STATE] = dict(rank=hvd.rank(), size=hvd.size(),
-                                    buckets={b.name: b.state_dict() for b in self.dgc_buckets})
+            state[DGC_STATE] = dgc.save_states(self.dgc_buckets, hvd.rank(), hvd.size())
         return state
 
     def load_state_dict(self, state_dict, *args, **kwargs):
@@ -409,50 +383,16 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
         if dgc_state is not None:
             state_dict = {k: v for k, v in state_dict.items() if k != DGC_STATE}
         if self.dgc_buckets:   # checked before anything is loaded: a refused state changes nothing
-            _check_dgc_state(self.dgc_buckets, dgc_state)
+            dgc.check_states(self.dgc_buckets, dgc_state)
         result = _DistributedOptimizer.load_state_dict(self, state_dict, *args, **kwargs)
         if self.dgc_buckets:
-            _load_dgc_state(self.dgc_buckets, dgc_state)
+            import horovod.torch as hvd
+
+            dgc.load_states(self.dgc_buckets, dgc_state, hvd.rank(), hvd.size())
         return result
 
 
 DGC_STATE = "zen_dgc"
-
-
-def _check_dgc_state(buckets, saved):
-    """ValueError unless `saved` (or no DGC state at all) fits these buckets."""
-    if saved is None:
-        return
-    names = {b.name for b in buckets}
-    if set(saved["buckets"]) != names:
-        raise ValueError(f"zen_hvd DGC state: the state_dict's buckets {sorted(saved['buckets'])} are "
-                         f"not this optimizer's {sorted(names)} (another model, or other DGC settings?)")
-    for b in buckets:
-        b.check_state(saved["buckets"][b.name])
-
-
-def _load_dgc_state(buckets, saved):
-    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state_dict
-    saved by this rank (same rank and size) restores them exactly; one saved by another rank
-    (rank 0's checkpoint loaded everywhere) restores the step count only, and the residuals
-    start from zero, since adding rank 0's residual on every rank would count it n times.
-    A state_dict without DGC state starts DGC over (zero residuals, step 0)."""
-    import horovod.torch as hvd
-
-    if saved is None:
-        warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
-                      "residuals and warm-up start over", stacklevel=3)
-        for b in buckets:
-            b.load_state_dict(None)
-        return
-    own = saved["rank"] == hvd.rank() and saved["size"] == hvd.size()
-    if not own:
-        warnings.warn(f"zen_hvd: DGC state saved by rank {saved['rank']} of {saved['size']}, loaded on "
-                      f"rank {hvd.rank()} of {hvd.size()}: the step count is restored and the "
-                      "residuals start from zero (they are per rank; save and load each rank's "
-                      "own state_dict to resume exactly)", stacklevel=3)
-    for b in buckets:
-        b.load_state_dict(saved["buckets"][b.name], residual=own)
 
 
 def _write_back(zp, out):

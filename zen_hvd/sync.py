@@ -11,12 +11,10 @@
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
-from . import auto, device_hierarchy, device_sync, runtime
+from . import auto, device_hierarchy, device_sync, ops, runtime
 from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
@@ -27,19 +25,12 @@ from .units import OK, layout_of, source, sparse_result, take_units, to_units, w
 SCHEMES = {"balanced": BalancedParallelism(), "hierarchical": HierarchicalCentralization(), **BASELINES}
 SCHEME_NAMES = dict(enumerate(SCHEMES))
 _CODES = {s: i for i, s in enumerate(SCHEMES)}
-_noname = itertools.count()
 last_sync: dict = {}  # what the most recent sync saw: counts, bytes, imbalance (stats.py)
-
-
-def _op_codes():
-    import horovod.torch as hvd
-
-    return hvd.Average, hvd.Sum
 
 
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                      scheme: str = "auto", transport: str | None = None,
-                     process_set=None, unit: str | None = None,
+                     process_set=None, process_group=None, unit: str | None = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      coalesced: bool = True) -> torch.Tensor:
     """Sum or mean of `tensor` over all ranks, with Zen's scheme choice or the scheme named.
@@ -50,7 +41,8 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
     scheme: "auto" (default: balanced parallelism or hierarchical centralization, chosen per
         tensor name from profiled density and densification, auto.py) or one of SCHEMES.
     transport: "mpi4py", "torch" or "horovod" (default: ZEN_HVD_TRANSPORT, else by launcher).
-    process_set: a Horovod ProcessSet (default: all ranks).
+    process_set: a Horovod ProcessSet, or process_group: a torch.distributed group (default:
+        every rank).
     unit: "row" or "element" for dense tensors (default: rows of a 2-D tensor, else elements).
     prescale_factor, postscale_factor: as in hvd.allreduce, every input is multiplied by the
         first before the sum and the result by the second (Average's 1/n on top).
@@ -59,7 +51,8 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
         allreduce returns its result (without its repeated rows): no sort and no gather.
     """
     layout, units, values, info = allreduce_units(tensor, name, op, scheme=scheme, transport=transport,
-                                                  process_set=process_set, unit=unit,
+                                                  process_set=process_set,
+                                                  process_group=process_group, unit=unit,
                                                   prescale_factor=prescale_factor,
                                                   postscale_factor=postscale_factor,
                                                   ordered=coalesced)
@@ -82,7 +75,7 @@ def result(tensor, layout, units, values) -> torch.Tensor:
 
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
-                    unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None,
+                    process_group=None, unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None,
                     ordered=True, repeats=False):
     """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
     units (int64 numpy) with values [K, D] (torch), ascending unless not `ordered` (balanced
@@ -93,18 +86,18 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     tensor, zero outside the union's rows, that receives the result in place (balanced
     parallelism; the other schemes copy into it). step: an optimizer's (step count, whether
     a backward pass preceded it), for the header."""
-    average, total = _op_codes()
+    average = ops.Average
     op = average if op is None else op
-    if op not in (average, total):
+    if op not in (average, ops.Sum):
         raise ValueError(f"op must be zen_hvd.Average or zen_hvd.Sum, not {op!r}")
     if scheme != "auto" and scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
-    ctx = runtime.context(transport, process_set)
+    ctx = runtime.context(transport, process_set, process_group)
     tr = ctx.transport
-    name = name if name is not None else f"sparse_allreduce.noname.{next(_noname)}"
+    name = name if name is not None else f"sparse_allreduce.noname.{next(ctx.state.unnamed)}"
     tr.activity = name
     tr.syncs += 1
-    chosen = auto.choose(name) if scheme == "auto" else scheme
+    chosen = auto.choose(ctx.state.profiles, name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
     # Balanced parallelism (device_sync.py) and hierarchical centralization
@@ -160,7 +153,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
                 out[torch.as_tensor(units, device=out.device)] = values.to(device=out.device, dtype=out.dtype)
             units, values = None, out
     if scheme == "auto" and layout.num_units:
-        auto.observe(name, chosen, layout, info, tr, stays)
+        auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, stays)
     last_sync.clear()
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,
                      unit_size=layout.unit_size)

@@ -458,4 +458,4 @@ assert passed
 if me == 0:
     print(f"all cases passed ({len(passed)} cases, {n} ranks, "
           f"{'gloo' if hvd.gloo_enabled() else 'mpi'}, transport "
-          f"{__import__('zen_hvd.mpi.select', fromlist=['x']).resolve_transport_name()})", flush=True)
+          f"{__import__('zen_hvd.runtime', fromlist=['x']).get_transport().name})", flush=True)

@@ -1,6 +1,7 @@
 """Multi-rank cases for zen_hvd.sparse_allreduce, run under mpirun or horovodrun.
 
-    mpirun -np N python tests/mpi/sync_cases.py [--transport mpi4py|horovod] [--examples K]
+    mpirun -np N python tests/mpi/sync_cases.py [--transport mpi4py|horovod|torch] [--examples K]
+    torchrun --nproc-per-node N tests/mpi/sync_cases.py [--examples K]     (no Horovod needed)
 
 Every rank builds every rank's input from a shared seed, so each rank checks its result
 against an independent float64 sum of all inputs (what a dense allreduce computes), checks
@@ -27,9 +28,7 @@ parser.add_argument("--examples", type=int, default=25)
 args = parser.parse_args()
 
 zen_hvd.init()
-import horovod.torch as hvd  # noqa: E402
-
-n, me = hvd.size(), hvd.rank()
+n, me = zen_hvd.size(), zen_hvd.rank()
 T = args.transport
 tr = runtime.get_transport(T)
 DT = {"float32": torch.float32, "float64": torch.float64}

@@ -69,7 +69,7 @@ def main(argv=None):
             p = torch.nn.Parameter(torch.zeros(n))
             p.grad = g
             bucket = dgc.Bucket("bench", [p], dgc.DGC(ratio=args.ratio))
-            step = median_time(lambda: bucket.compress(size=1), args.repeats)
+            step = median_time(lambda: bucket.compress(bucket.flat_gradient(), 1), args.repeats)
             row = (n, kind, k, sent, sent / n, sent / k, ours * 1e3, full * 1e3, full / ours, step * 1e3)
             rows.append(row)
             print("  " + "".join(f"{v:>14,}" if isinstance(v, int) else f"{v:>14}" if isinstance(v, str)

@@ -1,0 +1,199 @@
+"""Zen as a PyTorch DDP communication hook: sparse gradients on gloo and NCCL, no Horovod.
+
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    state = zen_hvd.ddp.ZenState(process_group=None, scheme="auto")   # dgc=0.05 for DGC
+    model.register_comm_hook(state, zen_hvd.ddp.zen_hook)
+
+DDP puts each sparse gradient (an nn.Embedding(sparse=True)'s) alone in its bucket and hands
+the hook `bucket.buffer()`, the sparse gradient itself; with a hook registered it does not
+divide by the world size, so the hook averages, as DDP's own reduction does. Per bucket:
+  sparse  Zen's sparse allreduce (scheme auto: balanced parallelism or hierarchical
+          centralization, docs/algorithm.md §2), averaged: the result is a sparse tensor whose
+          rows are in the servers' order, which DDP sets as the parameter's .grad. PyTorch
+          itself has no sparse allreduce on NCCL; this one runs on gloo and NCCL alike;
+  dense   allreduce of buffer / n, as DDP's default hook; or, with DGC (dgc= on the state),
+          from iteration start_dgc_iter on: each parameter's top `ratio` of its accumulated
+          gradient (dgc.py: error feedback, the residual kept per bucket on this rank), sent
+          with Zen by elements, the result the bucket's averaged dense gradient. This is the
+          paper's own LLM integration (Section 4).
+Cost per sparse bucket: Zen's (eq. (1) or (2) of docs/algorithm.md) instead of the allgather
+of every rank's rows DDP's reduction does, (n - 1) nnz rows per rank.
+
+DDP rebuilds its buckets after the first iteration (in the order gradients became ready), so
+DGC starts at iteration start_dgc_iter >= 1, once buckets are final, as PowerSGD's hook does;
+the residuals are kept per bucket index. At iterations 0 and 1 every rank compares its buckets'
+layout (sparse or dense, size, dtype) with the others' before the bucket's communication:
+ranks whose models differ raise the same TensorMismatchError, instead of mismatched
+collectives. ZenState pickles (as PowerSGDState does, without its process group) and has
+state_dict() / load_state_dict() for checkpoints: the iteration count and this rank's DGC
+residuals, so a checkpoint resumes exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import dgc, gradients, ops, runtime
+from .header import DTYPES, TensorMismatchError
+
+
+class ZenState:
+    """The hook's state.
+
+    process_group: the ranks to synchronize among (default: torch.distributed's default group).
+    scheme: Zen's scheme for sparse buckets ("auto" or one of zen_hvd.SCHEMES).
+    transport: "torch" (default without an MPI job) or "mpi4py" (see sparse_allreduce).
+    dgc: None (dense buckets go through allreduce), a ratio in (0, 1] (DGC with plain error
+        feedback, dgc.DGC(ratio, momentum=0): the optimizer keeps its own momentum), or a
+        zen_hvd.DGC for other settings (momentum correction needs an optimizer without
+        momentum).
+    start_dgc_iter: the first iteration that runs DGC (>= 1: after DDP's bucket rebuild).
+    """
+
+    _FIELDS = ("scheme", "transport", "dgc", "start_dgc_iter", "iter", "_residuals")
+
+    def __init__(self, process_group=None, scheme="auto", transport=None, dgc=None, start_dgc_iter=1):
+        from .sync import SCHEMES
+
+        if scheme != "auto" and scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
+        if int(start_dgc_iter) != start_dgc_iter or start_dgc_iter < 1:
+            raise ValueError("start_dgc_iter must be an integer >= 1 (DDP rebuilds its buckets "
+                             f"after the first iteration), not {start_dgc_iter!r}")
+        self.process_group = process_group
+        self.scheme, self.transport = scheme, transport
+        self.dgc = _dgc_settings(dgc)
+        self.start_dgc_iter = int(start_dgc_iter)
+        self.iter = 0            # iterations run (counted at each last bucket)
+        self._local_iter = 0     # iterations this process has run (not checkpointed)
+        self._buckets = {}       # bucket index -> dgc.Bucket (its residual)
+        self._residuals = None   # loaded DGC state, applied when each bucket first runs DGC
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The iteration count and this rank's DGC residuals per bucket index."""
+        saved = dgc.save_states(self._buckets.values(), self._rank(), self._size()) \
+            if self._buckets else self._residuals
+        return dict(iter=self.iter, dgc=saved)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iter = int(state["iter"])
+        self._buckets, self._residuals = {}, state.get("dgc")
+
+    def __getstate__(self):
+        return dict(self.state_dict(), **{k: getattr(self, k) for k in self._FIELDS[:4]})
+
+    def __setstate__(self, state):
+        self.__init__(None, state["scheme"], state["transport"], state["dgc"], state["start_dgc_iter"])
+        self.load_state_dict(state)
+
+    # -- what a bucket needs ------------------------------------------------------------
+    def _group(self):
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _rank(self):
+        return dist.get_rank(self._group())
+
+    def _size(self):
+        return dist.get_world_size(self._group())
+
+    def _kw(self, name):
+        return dict(name=name, op=ops.Average, scheme=self.scheme, transport=self.transport,
+                    process_group=self._group())
+
+    def _dgc_bucket(self, bucket) -> dgc.Bucket:
+        """This bucket's DGC state (its residual), made at its first DGC iteration, with a
+        loaded checkpoint's residual; made again if DDP rebuilt the bucket with other
+        parameters, each parameter's residual carried over from the bucket that held it."""
+        index, params = bucket.index(), list(bucket.parameters())
+        b = self._buckets.get(index)
+        if b is not None and len(b.params) == len(params) and all(p is q for p, q in zip(b.params, params)):
+            return b
+        b = dgc.Bucket(f"ddp.dgc.{index}", params, self.dgc)
+        if b.numel != bucket.buffer().numel():
+            raise ValueError(f"zen_hvd.ddp.zen_hook: bucket {index} holds {bucket.buffer().numel()} "
+                             f"values and its parameters {b.numel}: a bucket laid out with gaps "
+                             "cannot go through DGC")
+        if self._residuals is not None and b.name in self._residuals["buckets"]:
+            dgc.load_states([b], self._residuals, self._rank(), self._size())
+        else:
+            _carry_residuals(self._buckets.values(), b)
+        self._buckets[index] = b
+        return b
+
+
+def _carry_residuals(old, new: dgc.Bucket) -> None:
+    """Each of new's parameters takes its residual (and velocity) from the old bucket that
+    held it, if any (a parameter not held before starts from zero)."""
+    held = {id(p): (b, offset) for b in old for p, (offset, _) in zip(b.params, b.slices)}
+    for p, (offset, n) in zip(new.params, new.slices):
+        if id(p) not in held:
+            continue
+        b, start = held[id(p)]
+        new.memory.v[offset:offset + n] = b.memory.v[start:start + n]
+        if new.memory.u is not None and b.memory.u is not None:
+            new.memory.u[offset:offset + n] = b.memory.u[start:start + n]
+        new.steps = max(new.steps, b.steps)
+
+
+def _dgc_settings(setting):
+    if setting is None or isinstance(setting, dgc.DGC):
+        return setting
+    if isinstance(setting, (int, float)) and not isinstance(setting, bool):
+        return dgc.DGC(ratio=float(setting), momentum=0.0)
+    raise TypeError(f"dgc must be None, a ratio in (0, 1] or a zen_hvd.DGC, not {setting!r}")
+
+
+def zen_hook(state: ZenState, bucket) -> torch.futures.Future:
+    """DDP communication hook: Zen for sparse buckets, allreduce (or DGC then Zen) for dense
+    ones (see the module docstring). Returns a future of the bucket's averaged gradient."""
+    buffer = bucket.buffer()
+    if state._local_iter < 2:
+        _check_layout(state, bucket, buffer)
+    if buffer.is_sparse:
+        out, _ = gradients.sync_rows(buffer, buffer, repeats=True,
+                                     **state._kw(f"ddp.bucket.{bucket.index()}"))
+        fut = _done(out)
+    elif state.dgc is not None and state.iter >= state.start_dgc_iter:
+        b = state._dgc_bucket(bucket)
+        flat, _ = gradients.sync_dgc(b, buffer, state._size(), **state._kw(b.name))
+        fut = _done(flat.to(buffer.dtype))
+    else:
+        buffer.div_(state._size())
+        work = dist.all_reduce(buffer, group=state._group(), async_op=True)
+        fut = work.get_future().then(lambda f: f.value()[0])
+    if bucket.is_last():
+        state.iter += 1
+        state._local_iter += 1
+    return fut
+
+
+def _done(value) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _check_layout(state, bucket, buffer) -> None:
+    """Every rank's layout of this bucket (sparse or dense, values, dtype, a digest of its
+    parameters' shapes), compared before its communication: TensorMismatchError on every rank
+    when they differ (models that differ across ranks), naming each rank's bucket."""
+    if buffer.dtype not in DTYPES:
+        raise TypeError(f"zen_hvd.ddp.zen_hook: bucket {bucket.index()} holds {buffer.dtype} "
+                        "gradients, which zen_hvd does not synchronize")
+    shapes = hash(tuple(tuple(p.shape) for p in bucket.parameters())) & ((1 << 62) - 1)
+    row = [bucket.index(), int(buffer.is_sparse), math.prod(buffer.shape), DTYPES.index(buffer.dtype), shapes]
+    table = runtime.context(state.transport, process_group=state._group()).transport.allgather_int64(row)
+    if (table == table[0]).all():
+        return
+
+    def describe(r):
+        index, sparse, numel, dtype, _ = table[r]
+        return f"rank {r}: bucket {index}, {'sparse' if sparse else 'dense'}, {numel} values of {DTYPES[dtype]}"
+
+    raise TensorMismatchError(
+        f"zen_hvd.ddp.zen_hook: the ranks' DDP buckets differ ({'; '.join(describe(r) for r in range(len(table)))}"
+        "; or the shapes of their parameters): build the same model on every rank (the same "
+        "layers, the same sparse= embeddings, the same dtypes)")
