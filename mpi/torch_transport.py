@@ -63,6 +63,38 @@ def peer_lost(message: str) -> Exception:
     return stall.PeerLostError(message)
 
 
+# A process that ends leaves a note in torch.distributed's store (the default group's) with its
+# sync count, so a rank whose wait fails can say which ranks left: gloo only says that a
+# connection closed.
+_FAREWELL = "zen_hvd.left.{}"
+
+
+def _store():
+    try:
+        return torch.distributed.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
+def departed(members) -> "str | None":
+    """A phrase naming those of `members` (global ranks; their index in the list is their rank
+    in the group) that ended their process, with their sync counts; None when none did, or it
+    cannot be known."""
+    store = _store()
+    if store is None:
+        return None
+    left = {}
+    for r, g in enumerate(members):
+        try:
+            if store.check([_FAREWELL.format(g)]):
+                left.setdefault(int(store.get(_FAREWELL.format(g))), []).append(r)
+        except RuntimeError:   # the store's host has gone too
+            return None
+    if not left:
+        return None
+    return "; ".join(f"{stall.ranks_phrase(rs)} left after {c} syncs" for c, rs in sorted(left.items()))
+
+
 def _peer_loss(method):
     """A RuntimeError of a gloo collective inside `method` -> peer_lost naming the tensor; the
     transport is marked broken so the next sync builds a new one."""
@@ -178,6 +210,16 @@ class TorchTransport(Transport):
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
         atexit.register(self.close)
+        atexit.register(self._farewell)
+
+    def _farewell(self):
+        """At exit: this rank's sync count into the store (see departed)."""
+        store = _store() if self._dist.is_initialized() else None
+        if store is not None:
+            try:
+                store.set(_FAREWELL.format(self._global[self.rank]), str(self.syncs))
+            except RuntimeError:   # the store's host has gone already
+                pass
 
     def _horovod_group(self, rank, size):
         """A gloo group of Horovod's ranks: beside the application's default group if it has
@@ -210,6 +252,7 @@ class TorchTransport(Transport):
         """Destroy the groups this transport made (the default group, if it initialised
         torch.distributed), so that a later transport can make another."""
         atexit.unregister(self.close)
+        atexit.unregister(self._farewell)
         if not self._dist.is_initialized():
             return
         groups = [self._nccl] if self._nccl is not None else []
@@ -235,8 +278,10 @@ class TorchTransport(Transport):
                         f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the "
                         "stall shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, "
                         f"or the ranks are out of step ({e})") from e
-                raise peer_lost(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer} "
-                                f"(it died or exited: {e})") from e
+                left = departed(self._global)
+                raise peer_lost(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
+                                + (f"{left} (this rank is in sync {self.syncs})" if left else
+                                   f"it died or exited ({e})")) from e
 
     def _what(self, tag=None) -> str:
         step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")

@@ -22,6 +22,26 @@ def mpirun(np_, script, *args, env=None, timeout=600, check=True):
     return _run(cmd, dict(os.environ, **(env or {})), timeout, check)
 
 
+NO_HOROVOD = {"PYTHONPATH": os.path.join(HERE, "no_horovod")}   # Horovod and mmh3 unimportable
+
+
+def torchrun(np_, script, *args, env=None, timeout=600, check=True):
+    """Run tests/mpi/<script> on np_ local processes under torchrun (torch.distributed's
+    launcher; no Horovod, no MPI)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_),
+           "--master-port", str(_free_port()), os.path.join(HERE, "mpi", script), *map(str, args)]
+    env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    return _run(cmd, dict(os.environ, **env), timeout, check)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def horovodrun_gloo(np_, script, *args, env=None, timeout=600):
     """Run tests/mpi/<script> under `horovodrun --gloo` (no MPI job)."""
     exe = os.path.join(os.path.dirname(sys.executable), "horovodrun")

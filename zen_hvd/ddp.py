@@ -28,8 +28,6 @@ collectives. ZenState pickles (as PowerSGDState does, without its process group)
 state_dict() / load_state_dict() for checkpoints: the iteration count and this rank's DGC
 residuals, so a checkpoint resumes exactly.
 """
-from __future__ import annotations
-
 import math
 
 import torch
@@ -52,7 +50,7 @@ class ZenState:
     start_dgc_iter: the first iteration that runs DGC (>= 1: after DDP's bucket rebuild).
     """
 
-    _FIELDS = ("scheme", "transport", "dgc", "start_dgc_iter", "iter", "_residuals")
+    _SETTINGS = ("scheme", "transport", "dgc", "start_dgc_iter")
 
     def __init__(self, process_group=None, scheme="auto", transport=None, dgc=None, start_dgc_iter=1):
         from .sync import SCHEMES
@@ -68,26 +66,38 @@ class ZenState:
         self.start_dgc_iter = int(start_dgc_iter)
         self.iter = 0            # iterations run (counted at each last bucket)
         self._local_iter = 0     # iterations this process has run (not checkpointed)
-        self._buckets = {}       # bucket index -> dgc.Bucket (its residual)
-        self._residuals = None   # loaded DGC state, applied when each bucket first runs DGC
+        self._buckets = {}       # bucket index -> dgc.Bucket (the residuals, as DDP buckets now)
+        self._held = {}          # id(parameter) -> (its place, the dgc.Bucket holding its
+                                 # residual now, the residual's (offset, length) there)
+        self._place = {}         # id(parameter) -> its place in DDP's first bucket order
+        self._saved = None       # loaded DGC state, applied as each bucket first runs DGC
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The iteration count and this rank's DGC residuals per bucket index."""
-        saved = dgc.save_states(self._buckets.values(), self._rank(), self._size()) \
-            if self._buckets else self._residuals
-        return dict(iter=self.iter, dgc=saved)
+        """The iteration count and this rank's DGC residuals, per parameter, keyed by the
+        parameter's place in DDP's first bucket order (the order any new DDP model of the
+        same module starts with, before its rebuild), so a fresh model resumes exactly."""
+        if not self._held:
+            return dict(iter=self.iter, dgc=self._saved)
+        residuals = {}
+        for place, b, (offset, n) in self._held.values():
+            u = b.memory.u
+            residuals[place] = (b.memory.v[offset:offset + n].clone(),
+                                None if u is None else u[offset:offset + n].clone())
+        steps = max(b.steps for _, b, _ in self._held.values())
+        return dict(iter=self.iter, dgc=dict(rank=self._rank(), size=self._size(), steps=steps,
+                                             residuals=residuals))
 
     def load_state_dict(self, state: dict) -> None:
         self.iter = int(state["iter"])
-        self._buckets, self._residuals = {}, state.get("dgc")
+        self._buckets, self._held, self._saved = {}, {}, state.get("dgc")
 
     def __getstate__(self):
-        return dict(self.state_dict(), **{k: getattr(self, k) for k in self._FIELDS[:4]})
+        return dict(self.state_dict(), **{k: getattr(self, k) for k in self._SETTINGS})
 
     def __setstate__(self, state):
-        self.__init__(None, state["scheme"], state["transport"], state["dgc"], state["start_dgc_iter"])
-        self.load_state_dict(state)
+        self.__init__(None, *(state[k] for k in self._SETTINGS))
+        self.iter, self._saved = int(state["iter"]), state["dgc"]
 
     # -- what a bucket needs ------------------------------------------------------------
     def _group(self):
@@ -103,10 +113,14 @@ class ZenState:
         return dict(name=name, op=ops.Average, scheme=self.scheme, transport=self.transport,
                     process_group=self._group())
 
-    def _dgc_bucket(self, bucket) -> dgc.Bucket:
-        """This bucket's DGC state (its residual), made at its first DGC iteration, with a
-        loaded checkpoint's residual; made again if DDP rebuilt the bucket with other
-        parameters, each parameter's residual carried over from the bucket that held it."""
+    def _record_places(self, bucket):
+        for p in bucket.parameters():
+            self._place.setdefault(id(p), len(self._place))
+
+    def _dgc_bucket(self, bucket):
+        """This bucket's DGC state (its residual), made at its first DGC iteration from a loaded
+        checkpoint's residuals, and made again if DDP rebuilt the bucket with other parameters,
+        each parameter's residual carried over from the bucket that held it."""
         index, params = bucket.index(), list(bucket.parameters())
         b = self._buckets.get(index)
         if b is not None and len(b.params) == len(params) and all(p is q for p, q in zip(b.params, params)):
@@ -116,26 +130,39 @@ class ZenState:
             raise ValueError(f"zen_hvd.ddp.zen_hook: bucket {index} holds {bucket.buffer().numel()} "
                              f"values and its parameters {b.numel}: a bucket laid out with gaps "
                              "cannot go through DGC")
-        if self._residuals is not None and b.name in self._residuals["buckets"]:
-            dgc.load_states([b], self._residuals, self._rank(), self._size())
-        else:
-            _carry_residuals(self._buckets.values(), b)
+        self._fill(b)
         self._buckets[index] = b
+        for p, part in zip(b.params, b.slices):
+            self._held[id(p)] = self._place[id(p)], b, part
         return b
 
-
-def _carry_residuals(old, new: dgc.Bucket) -> None:
-    """Each of new's parameters takes its residual (and velocity) from the old bucket that
-    held it, if any (a parameter not held before starts from zero)."""
-    held = {id(p): (b, offset) for b in old for p, (offset, _) in zip(b.params, b.slices)}
-    for p, (offset, n) in zip(new.params, new.slices):
-        if id(p) not in held:
-            continue
-        b, start = held[id(p)]
-        new.memory.v[offset:offset + n] = b.memory.v[start:start + n]
-        if new.memory.u is not None and b.memory.u is not None:
-            new.memory.u[offset:offset + n] = b.memory.u[start:start + n]
-        new.steps = max(new.steps, b.steps)
+    def _fill(self, new):
+        """A new bucket's residuals (and velocities), per parameter: from the bucket that held
+        the parameter before DDP rebuilt its buckets, else from a loaded checkpoint (this
+        rank's own; another rank's gives zeros), else zeros."""
+        saved = self._saved
+        if saved is not None and "own" not in saved:   # decided once, at the first bucket
+            saved = self._saved = dict(saved, own=dgc.own_residuals(saved, self._rank(), self._size()))
+        for p, (offset, n) in zip(new.params, new.slices):
+            if id(p) in self._held:
+                _, old, (start, _) = self._held[id(p)]
+                v = old.memory.v[start:start + n]
+                u = None if old.memory.u is None else old.memory.u[start:start + n]
+                steps = old.steps
+            elif saved is not None:
+                v, u = saved["residuals"].get(self._place[id(p)], (None, None)) if saved["own"] else (None, None)
+                steps = int(saved["steps"])
+            else:
+                continue
+            if v is not None and v.numel() != n:
+                raise ValueError(f"zen_hvd.ddp.ZenState: the checkpoint's DGC residual for the "
+                                 f"parameter at place {self._place[id(p)]} holds {v.numel()} values, "
+                                 f"this model's {n} (a different model?)")
+            new.steps = max(new.steps, steps)
+            if v is not None:
+                new.memory.v[offset:offset + n] = v
+            if new.memory.u is not None and u is not None:
+                new.memory.u[offset:offset + n] = u
 
 
 def _dgc_settings(setting):
@@ -146,12 +173,13 @@ def _dgc_settings(setting):
     raise TypeError(f"dgc must be None, a ratio in (0, 1] or a zen_hvd.DGC, not {setting!r}")
 
 
-def zen_hook(state: ZenState, bucket) -> torch.futures.Future:
+def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: Zen for sparse buckets, allreduce (or DGC then Zen) for dense
     ones (see the module docstring). Returns a future of the bucket's averaged gradient."""
     buffer = bucket.buffer()
     if state._local_iter < 2:
         _check_layout(state, bucket, buffer)
+        state._record_places(bucket)
     if buffer.is_sparse:
         out, _ = gradients.sync_rows(buffer, buffer, repeats=True,
                                      **state._kw(f"ddp.bucket.{bucket.index()}"))
@@ -163,14 +191,31 @@ def zen_hook(state: ZenState, bucket) -> torch.futures.Future:
     else:
         buffer.div_(state._size())
         work = dist.all_reduce(buffer, group=state._group(), async_op=True)
-        fut = work.get_future().then(lambda f: f.value()[0])
+        fut = work.get_future().then(lambda f: _allreduced(state, bucket, f))
     if bucket.is_last():
         state.iter += 1
         state._local_iter += 1
     return fut
 
 
-def _done(value) -> torch.futures.Future:
+def _allreduced(state, bucket, fut):
+    """The allreduce's result; its failure (a peer died, exited or stopped) as an error that
+    names the bucket and, where they said farewell, the ranks that left."""
+    try:
+        return fut.value()[0]
+    except RuntimeError as e:
+        from .mpi.torch_transport import departed
+
+        group = state._group()
+        left = departed(dist.get_process_group_ranks(group))
+        timed_out = "timed out" in str(e).lower()
+        cause = left or ("a rank stopped synchronizing: it is stuck, or the ranks are out of step"
+                         if timed_out else "a rank died or exited")
+        raise RuntimeError(f"zen_hvd.ddp.zen_hook: bucket {bucket.index()} (dense allreduce): "
+                           f"{cause} ({e})") from e
+
+
+def _done(value) -> torch.futures.Future[torch.Tensor]:
     fut = torch.futures.Future()
     fut.set_result(value)
     return fut

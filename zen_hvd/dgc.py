@@ -283,11 +283,8 @@ def check_states(buckets, saved) -> None:
 
 
 def load_states(buckets, saved, rank: int, size: int) -> None:
-    """DGC's residuals are per rank: each rank's holds what it has not sent yet. A state saved
-    by this rank (same rank and size) restores them exactly; one saved by another rank (rank
-    0's checkpoint loaded everywhere) restores the step count only, and the residuals start
-    from zero, since adding rank 0's residual on every rank would count it n times. No saved
-    state (None) starts DGC over (zero residuals, step 0)."""
+    """Restore buckets from save_states' dict (checked first); None (no DGC state saved)
+    starts DGC over (zero residuals, step 0)."""
     check_states(buckets, saved)
     if saved is None:
         warnings.warn("zen_hvd: the state_dict has no DGC state (saved without DGC?): DGC's "
@@ -295,14 +292,24 @@ def load_states(buckets, saved, rank: int, size: int) -> None:
         for b in buckets:
             b.load_state_dict(None)
         return
+    own = own_residuals(saved, rank, size)
+    for b in buckets:
+        b.load_state_dict(saved["buckets"][b.name], residual=own)
+
+
+def own_residuals(saved, rank: int, size: int) -> bool:
+    """Whether DGC state saved by saved["rank"] of saved["size"] restores this rank's residuals.
+    They are per rank: each rank's holds what it has not sent yet. A state saved by this rank
+    (same rank and size) restores them exactly; one saved by another rank (rank 0's checkpoint
+    loaded everywhere) restores the step count only, and the residuals start from zero, since
+    adding rank 0's residual on every rank would count it n times (with a warning)."""
     own = saved["rank"] == rank and saved["size"] == size
-    if not own and buckets:
+    if not own:
         warnings.warn(f"zen_hvd: DGC state saved by rank {saved['rank']} of {saved['size']}, loaded on "
                       f"rank {rank} of {size}: the step count is restored and the residuals "
                       "start from zero (they are per rank; save and load each rank's own "
-                      "state_dict to resume exactly)", stacklevel=3)
-    for b in buckets:
-        b.load_state_dict(saved["buckets"][b.name], residual=own)
+                      "state_dict to resume exactly)", stacklevel=4)
+    return own
 
 
 class _HorovodChoices(type):

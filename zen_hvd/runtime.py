@@ -21,6 +21,7 @@ resets as well. Seeds fixed by set_seed or ZEN_HVD_SEED stay.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import itertools
@@ -108,7 +109,19 @@ def _init_torch(method, rank, size):
         return None
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     kw = {} if rank is None else dict(rank=rank, world_size=size)
-    return dist.init_process_group(backend, init_method=method, timeout=_group_timeout(), **kw)
+    dist.init_process_group(backend, init_method=method, timeout=_group_timeout(), **kw)
+    atexit.register(_shutdown_torch)
+    return None
+
+
+def _shutdown_torch():
+    """At exit, the groups zen_hvd made, then the default group zen_hvd.init() made: gloo's
+    threads must not outlive the interpreter (one dropping a tensor then aborts the process)."""
+    import torch.distributed as dist
+
+    reset()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _group_timeout() -> datetime.timedelta:
@@ -237,6 +250,7 @@ _states: dict = {}     # group key -> State
 _resolved: dict = {}   # (transport argument, group key) -> transport: resolved once
 _seeds: dict = {}      # group key -> seed fixed by set_seed (kept by reset)
 _keys: dict = {}       # seed -> h0's round keys
+_closes_at_exit = False
 
 
 def states() -> list:
@@ -244,9 +258,13 @@ def states() -> list:
 
 
 def state_of(group: Group) -> State:
+    global _closes_at_exit
     state = _states.get(group.key)
     if state is None:
         state = _states[group.key] = State(group)
+        if not _closes_at_exit:   # gloo's threads must not outlive the interpreter
+            atexit.register(reset)
+            _closes_at_exit = True
     return state
 
 

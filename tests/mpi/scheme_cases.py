@@ -1,6 +1,7 @@
-"""Multi-rank cases for every scheme of zen_hvd.sparse_allreduce, run under mpirun.
+"""Multi-rank cases for every scheme of zen_hvd.sparse_allreduce, run under mpirun or torchrun.
 
     mpirun -np N python tests/mpi/scheme_cases.py [--transport mpi4py|horovod] [--examples K]
+    torchrun --nproc-per-node N tests/mpi/scheme_cases.py [--examples K]   (no Horovod needed)
 
 Every rank builds all ranks' inputs from a shared seed and checks, for every scheme (and
 "auto"): the result against a float64 sum of all inputs (what dense allreduce computes), that
@@ -28,9 +29,7 @@ parser.add_argument("--examples", type=int, default=6)
 args = parser.parse_args()
 
 zen_hvd.init()
-import horovod.torch as hvd  # noqa: E402
-
-n, me = hvd.size(), hvd.rank()
+n, me = zen_hvd.size(), zen_hvd.rank()
 T = args.transport
 tr = runtime.get_transport(T)
 zen_hvd.set_seed(4321)
