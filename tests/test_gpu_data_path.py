@@ -2,6 +2,9 @@
 (cuda_kernels/data_path.py) in Numba's CUDA simulator, bit for bit, and compiled to PTX for
 compute capability 8.0 and 9.0 (real CUDA target, no GPU needed). Both run in subprocesses,
 as NUMBA_ENABLE_CUDASIM must be set before numba is imported."""
+import functools
+import json
+
 import pytest
 
 from test_kernels import run_python
@@ -154,7 +157,7 @@ def test_gpu_data_path_matches_cpu_twins_in_simulator():
 
 
 PTX_SCRIPT = """
-import sys
+import inspect, json, sys
 from types import SimpleNamespace
 from numba import cuda, types
 import numba.cuda.dispatcher
@@ -173,39 +176,359 @@ i, f = types.int64, types.float64
 for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[::1], types.float64[:, ::1]),
                    (types.int64[::1], types.int64[:, ::1])]:
     sigs = {{
-        g.pack_kernel: (i32, vals, i64, i64, i64, i64, i64, i64, rows, types.boolean),
-        g.set_bits_kernel: (u64, i64),
-        g.word_prefix_kernel: (u64, i64, i64),
-        g.add_part_kernel: (rows, u64, i64, i64, rows, f),
-        g.add_slots_kernel: (rows, i64, rows, f),
-        g.units_of_bitmap_kernel: (u64, i64, i, i, i, i, i64, i64),
-        g.units_of_positions_kernel: (i32, i, i, i, i, i64, i64),
-        g.bitmap_positions_kernel: (u64, i64, i64),
-        g.scale_rows_kernel: (rows, f, i),
-        g.scatter_kernel: (rows, i64, rows),
+        "pack_kernel": (i32, vals, i64, i64, i64, i64, i64, i64, rows, types.boolean),
+        "set_bits_kernel": (u64, i64),
+        "check_positions_kernel": (i32, i, i64),
+        "word_block_sums_kernel": (u64, i, i64),
+        "block_offsets_kernel": (i64, i, i, i64),
+        "word_prefix_blocks_kernel": (u64, i, i64),
+        "add_part_kernel": (rows, u64, i64, i64, rows, f),
+        "add_slots_kernel": (rows, i64, rows, f),
+        "units_of_bitmap_kernel": (u64, i64, i, i, i, i, i64, i64),
+        "units_of_positions_kernel": (i32, i, i, i, i, i64, i64),
+        "bitmap_positions_kernel": (u64, i64, i64),
+        "scale_rows_kernel": (rows, f, i),
+        "scatter_kernel": (rows, i64, rows),
     }}
-    for kernel, sig in sigs.items():
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
-        assert ".target sm_{major}{minor}" in ptx
-        atoms = sorted({{ln.split()[0] for ln in ptx.splitlines() if "atom." in ln}})
-        print("KERNEL", kernel.py_func.__name__, " ".join(atoms) or "-")
+    for name, sig in sigs.items():
+        kernel = getattr(g, name, None)
+        if kernel is None:   # not in this version of the module
+            continue
+        # a kernel with an optional error counter: without it (omitted) and with it
+        bad = inspect.signature(kernel.py_func).parameters.get("bad")
+        counters = [types.Omitted(None), i64] if bad is not None and bad.default is None else [None]
+        for bad in counters:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig + (() if bad is None else (bad,)), cc=cc)
+            assert ".target sm_{major}{minor}" in ptx
+            print("KERNEL", json.dumps(dict(
+                name=name, dtype=str(rows.dtype), counter=bad is i64,
+                atoms=sorted({{ln.split()[0] for ln in ptx.splitlines() if "atom." in ln}}),
+                fma=[ln.strip() for ln in ptx.splitlines() if "fma." in ln])))
 """
+
+
+@functools.lru_cache(maxsize=None)
+def ptx_report(cc):
+    """One record per (kernel, value dtype, error counter or not) compiled for `cc`."""
+    stdout = run_python(PTX_SCRIPT.format(major=cc[0], minor=cc[1]), simulator=False)
+    if stdout.startswith("SKIP"):
+        pytest.skip(f"CUDA compiler libraries unavailable: {stdout.strip()}")
+    return [json.loads(ln.split(None, 1)[1]) for ln in stdout.splitlines() if ln.startswith("KERNEL")]
+
+
+KERNELS = {"pack_kernel", "set_bits_kernel", "check_positions_kernel", "word_block_sums_kernel",
+           "block_offsets_kernel", "word_prefix_blocks_kernel", "add_part_kernel", "add_slots_kernel",
+           "units_of_bitmap_kernel", "units_of_positions_kernel", "bitmap_positions_kernel",
+           "scale_rows_kernel", "scatter_kernel"}
+COUNTED = {"set_bits_kernel", "add_part_kernel", "add_slots_kernel", "units_of_bitmap_kernel",
+           "units_of_positions_kernel", "bitmap_positions_kernel", "scatter_kernel"}
 
 
 @pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
 def test_gpu_data_path_compiles_to_ptx(cc):
-    stdout = run_python(PTX_SCRIPT.format(major=cc[0], minor=cc[1]), simulator=False)
-    if stdout.startswith("SKIP"):
-        pytest.skip(f"CUDA compiler libraries unavailable: {stdout.strip()}")
+    report = ptx_report(cc)
     atoms = {}
-    for ln in stdout.splitlines():
-        if ln.startswith("KERNEL"):
-            atoms.setdefault(ln.split()[1], set()).update(ln.split()[2:])
-    assert len(atoms) == 10, atoms
-    assert any("or" in op for op in atoms["set_bits_kernel"]), atoms     # the bitmap's atomic or
-    # deterministic aggregation: no atomics where values are added
-    assert atoms["add_part_kernel"] == {"-"} and atoms["add_slots_kernel"] == {"-"}, atoms
-    assert atoms["scale_rows_kernel"] == {"-"}, atoms
+    for r in report:
+        atoms.setdefault((r["name"], r["counter"]), set()).update(r["atoms"] or ["-"])
+    assert {name for name, _ in atoms} == KERNELS, atoms
+    assert {name for name, counter in atoms if counter} == COUNTED, atoms
+    assert any("or" in op for op in atoms["set_bits_kernel", False]), atoms     # the bitmap's atomic or
+    # deterministic aggregation: no atomics where values are added; the error counter's
+    # integer add only where one is given
+    for name in ("add_part_kernel", "add_slots_kernel", "scatter_kernel"):
+        assert atoms[name, False] == {"-"} and atoms[name, True] == {"atom.global.add.u64"}, atoms
+    assert atoms["scale_rows_kernel", False] == {"-"}, atoms
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_gpu_data_path_ptx_never_fuses_multiply_add(cc):
+    # NVVM contracts a * b + c into one fma by default, rounding once where the CPU twins
+    # round twice: no kernel may contain one, for any values' dtype.
+    fused = [(r["name"], r["dtype"], r["fma"]) for r in ptx_report(cc) if r["fma"]]
+    assert not fused, fused
+    assert {r["dtype"] for r in ptx_report(cc)} == {"float32", "float64", "int64"}
+
+
+# ---- float rounding: the device sums round as their CPU twins do, with a prescale ----------
+
+ROUNDING_SCRIPT = r"""
+from fractions import Fraction
+import numpy as np
+from numba import cuda
+from zen_hvd.cuda_kernels import data_path as cpu, data_path_gpu as gpu
+
+rng = np.random.default_rng(11)
+p, W, K, D = 1 / 3, 8, 60, 2
+positions = np.sort(rng.choice(64 * W, K, replace=False)).astype(np.int64)
+words = np.zeros(W, np.uint64)
+cpu.set_bits(words, positions)
+prefix, _ = cpu.word_prefix(words)
+slots = np.arange(K, dtype=np.int64)          # the sorted positions' slots
+for vdt in (np.float64, np.float32):
+    acc0 = rng.standard_normal((K, D)).astype(vdt)
+    vals = rng.standard_normal((K, D)).astype(vdt)
+    ref = acc0.copy()
+    cpu.add_part(ref, words, prefix, positions, vals, p)
+    d_acc = cuda.to_device(acc0)
+    gpu.launch_rows(gpu.add_part_kernel, K, D, d_acc, cuda.to_device(words), cuda.to_device(prefix),
+                    cuda.to_device(positions), cuda.to_device(vals), p)
+    assert d_acc.copy_to_host().tobytes() == ref.tobytes(), ("add_part", vdt)
+    d_acc = cuda.to_device(acc0)
+    gpu.launch_rows(gpu.add_slots_kernel, K, D, d_acc, cuda.to_device(slots), cuda.to_device(vals), p)
+    assert d_acc.copy_to_host().tobytes() == ref.tobytes(), ("add_slots", vdt)
+    if vdt is np.float64:   # the data tells a fused multiply-add (one rounding) from the twins' two
+        fused = np.array([[float(Fraction(a) + Fraction(p) * Fraction(v)) for a, v in zip(ra, rv)]
+                          for ra, rv in zip(acc0.tolist(), vals.tolist())])
+        assert (fused != ref).sum() >= K // 10, (fused != ref).sum()
+print("ROUNDED")
+"""
+
+
+def test_sums_round_like_cpu_twins_in_simulator():
+    assert "ROUNDED" in run_python(ROUNDING_SCRIPT, simulator=True)
+
+
+# ---- the bitmap's popcount prefix over several blocks -------------------------------------
+
+SCAN_SCRIPT = r"""
+import numpy as np
+from numba import cuda
+from zen_hvd.cuda_kernels import data_path as cpu, data_path_gpu as gpu, h0
+
+rng = np.random.default_rng(3)
+grids = []
+
+
+class Recorder:   # the grid of every launch of the scan's last pass
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, config):
+        grids.append(config[0])
+        return self.kernel[config]
+
+
+gpu.word_prefix_blocks_kernel = Recorder(gpu.word_prefix_blocks_kernel)
+
+
+def bitmap(W, kind):
+    if kind == "empty":
+        return np.zeros(W, np.uint64)
+    if kind == "full":
+        return np.full(W, np.iinfo(np.uint64).max, np.uint64)
+    words = rng.integers(0, np.iinfo(np.uint64).max, W, dtype=np.uint64, endpoint=True)
+    return np.where(rng.random(W) < 0.3, np.uint64(0), words)   # some empty words
+
+
+def check(words, *config, launch=gpu.word_prefix_device):
+    d_prefix = cuda.to_device(np.full(words.size, -1, np.int64))
+    d_total = cuda.to_device(np.array([-1], np.int64))
+    launch(cuda.to_device(words), d_prefix, d_total, *config)
+    prefix, total = cpu.word_prefix(words)
+    assert np.array_equal(d_prefix.copy_to_host(), prefix), (words.size, config)
+    assert d_total.copy_to_host()[0] == total, (words.size, config, d_total.copy_to_host(), total)
+
+
+# (threads, words per thread): 64 words a block; 72 (not a power of two); 8, so that the block
+# sums outnumber the threads that scan them
+for threads, per_thread, sizes in [(32, 2, (0, 1, 63, 64, 65, 200, 657)), (24, 3, (200,)), (8, 1, (100,))]:
+    for W in sizes:
+        before = len(grids)
+        check(bitmap(W, "random"), threads, per_thread)
+        chunk = threads * per_thread
+        assert grids[before:] == ([(W + chunk - 1) // chunk] if W else []), (W, grids[before:])
+check(bitmap(100, "empty"), 32, 2)
+check(bitmap(130, "full"), 32, 2)
+assert max(grids) == 13   # 100 words by 8 threads: more block sums than threads to scan them
+check(bitmap(5, "random"), launch=gpu.word_prefix_kernel[1, h0.THREADS])   # the old launch still works
+try:
+    gpu.word_prefix_device(cuda.to_device(np.zeros(3, np.uint64)), cuda.device_array(3, np.int64),
+                           cuda.device_array(1, np.int64), h0.THREADS + 1)
+    raise AssertionError("a block larger than the scan's shared memory was launched")
+except ValueError:
+    pass
+print("SCANNED", len(grids))
+"""
+
+
+def test_word_prefix_multi_block_in_simulator():
+    assert "SCANNED" in run_python(SCAN_SCRIPT, simulator=True)
+
+
+# ---- received positions range-checked on the device ---------------------------------------
+
+RANGE_SCRIPT = r"""
+import json
+import numpy as np
+from numba import cuda
+from zen_hvd.cuda_kernels import data_path as cpu, data_path_gpu as gpu, h0
+
+rng = np.random.default_rng(5)
+G = 4            # guard rows either side of every array a kernel writes
+failed, cases = {}, []
+
+
+def guarded(a, fill):
+    # a on the device, inside a buffer with G rows of `fill` either side: (the view, the buffer)
+    pad = np.full((G,) + a.shape[1:], fill, a.dtype)
+    buf = cuda.to_device(np.concatenate([pad, a, pad]))
+    return buf[G:G + a.shape[0]], buf
+
+
+def expect(buf, content, fill, bad, n_bad):
+    host = buf.copy_to_host()
+    assert (host[:G] == fill).all() and (host[-G:] == fill).all(), f"a guard was written: {host}"
+    assert host[G:-G].tobytes() == content.tobytes(), (host[G:-G], content)
+    if bad is not None:
+        assert bad.copy_to_host()[0] == n_bad, f"counted {bad.copy_to_host()[0]}, not {n_bad}"
+
+
+def case(fn, modes=(True, False)):
+    # the kernel with an error counter, then the unchecked call (counter omitted)
+    for counted in modes:
+        cases.append(fn.__name__)
+        try:
+            fn(cuda.to_device(np.zeros(1, np.int64)) if counted else None)
+        except Exception as e:
+            failed[f"{fn.__name__} counted={counted}"] = f"{type(e).__name__}: {e}"[:400]
+
+
+def launch(kernel, threads, *args, bad):
+    h0.launch_1d(kernel, threads, *args, *(() if bad is None else (bad,)))
+
+
+def d(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+WRONG = [-1, -64, 256, 1000, -2**40, 2**40]               # outside a 4-word bitmap's [0, 256)
+
+
+def check_positions(bad):
+    for idt in (np.int32, np.int64):
+        pos = np.array([0, 5, 99, -1, 100, np.iinfo(idt).max, np.iinfo(idt).min], idt)
+        launch(gpu.check_positions_kernel, pos.size, d(pos), 100, bad=bad)
+        assert bad.copy_to_host()[0] == 4, bad.copy_to_host()
+        bad = d(np.zeros(1, np.int64))
+
+
+case(check_positions, modes=(True,))   # its counter is not optional
+
+
+@case
+def set_bits(bad):
+    valid = np.array([0, 63, 64, 200, 255], np.int64)
+    pos = rng.permutation(np.concatenate([valid, WRONG]))
+    words, buf = guarded(np.zeros(4, np.uint64), 0)
+    launch(gpu.set_bits_kernel, pos.size, words, d(pos), bad=bad)
+    ref = np.zeros(4, np.uint64)
+    cpu.set_bits(ref, valid)
+    expect(buf, ref, 0, bad, len(WRONG))
+
+
+# a server's bitmap of 4 words with K = 4 set bits; 230 is unset and past the last one: slot K
+SET = np.array([0, 63, 64, 200], np.int64)
+WORDS = np.zeros(4, np.uint64)
+cpu.set_bits(WORDS, SET)
+PREFIX, K = cpu.word_prefix(WORDS)
+D = 3
+
+
+@case
+def add_part(bad):
+    for prescale in (1.0, 1 / 3):
+        pos = np.concatenate([SET, WRONG, [230]])
+        vals = rng.standard_normal((pos.size, D)).astype(np.float32)
+        acc0 = rng.standard_normal((K, D)).astype(np.float32)
+        acc, buf = guarded(acc0, 7.0)
+        launch(gpu.add_part_kernel, pos.size * D, acc, d(WORDS), d(PREFIX), d(pos), d(vals), prescale,
+               bad=bad)
+        ref = acc0.copy()
+        cpu.add_part(ref, WORDS, PREFIX, SET, vals[:K], prescale)
+        expect(buf, ref, np.float32(7.0), bad, len(WRONG) + 1)
+        bad = None if bad is None else d(np.zeros(1, np.int64))
+
+
+@case
+def add_slots(bad):
+    slots = np.array([2, 0, -1, 3, K, 100, 1, -2**40], np.int64)
+    ok = (slots >= 0) & (slots < K)
+    vals = rng.standard_normal((slots.size, D))
+    acc0 = rng.standard_normal((K, D))
+    acc, buf = guarded(acc0, 7.0)
+    launch(gpu.add_slots_kernel, slots.size * D, acc, d(slots), d(vals), 0.5, bad=bad)
+    ref = acc0.copy()
+    cpu.add_slots(ref, slots[ok], vals[ok], 0.5)
+    expect(buf, ref, 7.0, bad, (~ok).sum())
+
+
+M, n, p = 1000, 3, 1                   # server p's positions are [0, 333)
+SIZE, B, KEYS = h0.server_size(M, n, p), h0.domain_bits(M), h0.derive_keys(3)
+
+
+@case
+def units_of_positions(bad):
+    for idt in (np.int32, np.int64):
+        pos = np.array([0, -1, 5, SIZE, 332, 1000, np.iinfo(idt).max, np.iinfo(idt).min], idt)
+        ok = (pos >= 0) & (pos < SIZE)
+        out, buf = guarded(np.full(pos.size, -7, np.int64), -9)
+        launch(gpu.units_of_positions_kernel, pos.size, d(pos), p, n, M, B, d(KEYS), out, bad=bad)
+        ref = np.full(pos.size, -7, np.int64)
+        units = np.zeros(ok.sum(), np.int64)
+        cpu.units_of_positions(pos[ok], p, n, M, B, KEYS, units)
+        ref[ok] = units
+        expect(buf, ref, -9, bad, (~ok).sum())
+        bad = None if bad is None else d(np.zeros(1, np.int64))
+
+
+@case
+def units_of_bitmap(bad):
+    valid = np.array([0, 5, 100, 332], np.int64)
+    units = np.zeros(valid.size, np.int64)
+    words = np.zeros(6, np.uint64)
+    cpu.set_bits(words, valid)
+    cpu.units_of_bitmap(words, p, n, M, B, KEYS, units)
+    # bits past |I_p| in the last word's padding: slots 4..6 exist but the bits are skipped
+    padded = words.copy()
+    cpu.set_bits(padded, np.array([333, 340, 383], np.int64))
+    # a bitmap with more bits than the out array (its tag): the extra ones skipped
+    for w, size, ref, n_bad in [(padded, 7, np.concatenate([units, [-7] * 3]), 3),
+                                (words, 2, units[:2], 2)]:
+        prefix, _ = cpu.word_prefix(w)
+        out, buf = guarded(np.full(size, -7, np.int64), -9)
+        launch(gpu.units_of_bitmap_kernel, w.size, d(w), d(prefix), p, n, M, B, d(KEYS), out, bad=bad)
+        expect(buf, np.asarray(ref, np.int64), -9, bad, n_bad)
+        bad = None if bad is None else d(np.zeros(1, np.int64))
+
+
+@case
+def bitmap_positions(bad):
+    out, buf = guarded(np.full(2, -7, np.int64), -9)
+    launch(gpu.bitmap_positions_kernel, WORDS.size, d(WORDS), d(PREFIX), out, bad=bad)
+    expect(buf, SET[:2], -9, bad, K - 2)
+
+
+@case
+def scatter(bad):
+    rows = np.array([0, -1, 3, 10, 9, 2**40, -2**40], np.int64)
+    ok = (rows >= 0) & (rows < 10)
+    vals = rng.standard_normal((rows.size, 2)).astype(np.float32)
+    out, buf = guarded(np.zeros((10, 2), np.float32), 7.0)
+    launch(gpu.scatter_kernel, rows.size * 2, out, d(rows), d(vals), bad=bad)
+    ref = np.zeros((10, 2), np.float32)
+    cpu.scatter(ref, rows[ok], vals[ok])
+    expect(buf, ref, np.float32(7.0), bad, (~ok).sum())
+
+
+print("CASES", len(cases))
+print("FAILED", json.dumps(failed))
+"""
+
+
+def test_received_indices_range_checked_in_simulator():
+    stdout = run_python(RANGE_SCRIPT, simulator=True)
+    failed = json.loads(stdout.split("FAILED", 1)[1])
+    assert int(stdout.split("CASES", 1)[1].split()[0]) == 15 and not failed, json.dumps(failed, indent=1)
 
 
 def test_gpu_check_runs_in_simulator():

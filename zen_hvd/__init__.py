@@ -36,10 +36,10 @@ _HOROVOD = frozenset("""
 
 
 def __getattr__(name):
-    if name == "elastic":
-        from . import elastic
+    if name == "elastic":   # imported here, not by `from . import` (which would ask this again)
+        import importlib
 
-        return elastic
+        return importlib.import_module(".elastic", __name__)
     if name not in _HOROVOD:
         raise AttributeError(f"module 'zen_hvd' has no attribute {name!r}")
     try:
