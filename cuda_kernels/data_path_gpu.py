@@ -320,6 +320,8 @@ def word_prefix_device(words, prefix, total, threads=THREADS, per_thread=WORDS_P
     it): blocks of `threads` (<= THREADS) threads, each block per_thread * threads words."""
     if not 0 < threads <= THREADS:   # block_scan's shared array holds THREADS sums
         raise ValueError(f"word_prefix_device: 1 to {THREADS} threads a block, not {threads}")
+    # A small bitmap needs fewer threads than a block holds (whole warps of them).
+    threads = min(threads, max(32, (words.shape[0] + 32 * per_thread - 1) // (32 * per_thread) * 32))
     chunk = threads * per_thread
     blocks = (words.shape[0] + chunk - 1) // chunk
     if blocks:

@@ -86,10 +86,14 @@ def fill_kernel(a, value):
         a[i] = value
 
 
-def _filled(size, value):
-    a = cuda.device_array(size, np.int64)
+def _filled(size, value, empty):
+    a = empty(size)
     launch_1d(fill_kernel, size, a, value)
     return a
+
+
+def _numba_empty(size):
+    return cuda.device_array(size, np.int64)
 
 
 @cuda.jit
@@ -104,13 +108,16 @@ def compact_kernel(x, r1, r2, pos_in, cursor, order, pos):
     pos[dst] = pos_in[i]
 
 
-def group_by_partition_gpu(units, M, n, keys, second_seeds, r1=None, r2=None, k=3, stats=None):
+def group_by_partition_gpu(units, M, n, keys, second_seeds, r1=None, r2=None, k=3, stats=None,
+                           empty=_numba_empty):
     """(order, counts, pos) as in group_by_partition_cpu; order within a partition arbitrary.
 
     Defaults: r1 = 2 * ceil(nnz / n) slots per partition (twice the expected units, Section
     3.2's r1 ~ 2 |G| d_G), k = 3 hashes, r2 = r1 // 8 + 32 serial slots. numpy in -> numpy
     out, device array in -> device arrays out. If `stats` is a dict it receives r1, r2 (final),
-    retries and serial (serial-memory slots used, summed over partitions).
+    retries and serial (serial-memory slots used, summed over partitions). empty(size): a new
+    int64 device array (default numba's; zen_hvd's device path passes torch's caching
+    allocator, so a sync allocates no memory of its own).
     """
     on_host = isinstance(units, np.ndarray)
     d_units = cuda.to_device(np.ascontiguousarray(units, np.int64)) if on_host else units
@@ -120,10 +127,10 @@ def group_by_partition_gpu(units, M, n, keys, second_seeds, r1=None, r2=None, k=
     r1 = max(1, 2 * math.ceil(nnz / n)) if r1 is None else r1
     r2 = r1 // 8 + 32 if r2 is None else r2
     d_keys, d_seeds = cuda.to_device(keys), cuda.to_device(np.asarray(second_seeds, np.int64))
-    pos_in = cuda.device_array(nnz, np.int64)
+    pos_in = empty(nnz)
     retries = 0
     while True:
-        x, c, counts = _filled(n * (r1 + r2), EMPTY), _filled(n, 0), _filled(n, 0)
+        x, c, counts = _filled(n * (r1 + r2), EMPTY, empty), _filled(n, 0, empty), _filled(n, 0, empty)
         launch_1d(hash_kernel, nnz, d_units, M, domain_bits(M), n, d_keys, d_seeds, k, r1, r2,
                   x, c, counts, pos_in)
         h_c, h_counts = c.copy_to_host(), counts.copy_to_host()
@@ -134,7 +141,7 @@ def group_by_partition_gpu(units, M, n, keys, second_seeds, r1=None, r2=None, k=
         r2 = int(min(2 * h_c.max(), h_counts.max()))
         retries += 1
     cursor = cuda.to_device(np.cumsum(h_counts) - h_counts)
-    order, pos = cuda.device_array(nnz, np.int64), cuda.device_array(nnz, np.int64)
+    order, pos = empty(nnz), empty(nnz)
     launch_1d(compact_kernel, x.shape[0], x, r1, r2, pos_in, cursor, order, pos)
     if stats is not None:
         stats.update(r1=r1, r2=r2, retries=retries, serial=int(h_c.sum()))

@@ -53,7 +53,7 @@ class HorovodTransport(Transport):
         return self._push_all(send)
 
     # -- device buffers: the same alltoalls on tensors where they live ---------------------
-    def moves_cuda(self):
+    def moves_cuda(self, device):
         return self._cuda
 
     def _push_device(self, send, send_counts):

@@ -220,7 +220,7 @@ class Mpi4pyTransport(Transport):
         return (buf[:off], tails), sum(counts) - len(send)
 
     # -- device buffers: the same rounds on tensors, for a CUDA-aware MPI -----------------
-    def moves_cuda(self):
+    def moves_cuda(self, device):
         return self._cuda_aware
 
     def _push_device(self, send, send_counts):

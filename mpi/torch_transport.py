@@ -34,6 +34,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import hashlib
+import logging
 import os
 import socket
 import sys
@@ -48,6 +50,7 @@ PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # first parts travel on tag, the res
 SIZED = 0x5A454E53495A4544   # first word of a device round's size message
 EAGER = 1 << 18   # bytes of a message's first part, length included
 ADDR_VAR = "ZEN_HVD_RENDEZVOUS_ADDR"
+log = logging.getLogger("zen_hvd")
 
 
 
@@ -206,6 +209,7 @@ class TorchTransport(Transport):
             self._group = self._horovod_group(rank, size)
             self._global = list(range(size))
         self._nccl = None   # made at the first device sync (_data_group)
+        self._nccl_usable = None   # moves_cuda
         super().__init__(rank, size)
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
@@ -352,8 +356,28 @@ class TorchTransport(Transport):
         return parts
 
     # -- device buffers: sizes over gloo, then the data over NCCL ----------------------------
-    def moves_cuda(self):
-        return self._dist.is_nccl_available()
+    def moves_cuda(self, device):
+        """NCCL moves the device path's buffers, unless two ranks drive one GPU, which NCCL
+        refuses: then they are staged through host memory over gloo (and rank 0 says so).
+        Decided at the first device sync, which every rank reaches together."""
+        if self._nccl_usable is None:
+            self._nccl_usable = self._dist.is_nccl_available() and not self._gpu_shared(device)
+        return self._nccl_usable
+
+    def _gpu_shared(self, device) -> bool:
+        """Whether two ranks of this transport use the same GPU (one host, one device UUID)."""
+        if self.size == 1:
+            return False
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        digest = hashlib.blake2b(f"{socket.gethostname()}/{uuid}".encode(), digest_size=7).digest()
+        mine = int.from_bytes(digest, "little")
+        table = self.allgather_int64([mine])[:, 0]
+        shared = len(set(table.tolist())) < self.size
+        if shared and self.rank == 0:
+            log.warning("zen_hvd: ranks of transport 'torch' share a GPU, and NCCL refuses two ranks "
+                        "on one device: the device path stages its buffers through host memory "
+                        "over gloo")
+        return shared
 
     def _data_group(self, device):
         """The group that moves tensors on `device`: an NCCL group for CUDA (made at the first

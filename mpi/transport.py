@@ -225,16 +225,16 @@ class Transport:
         buffers when the transport can move them (moves_cuda); CPU buffers when
         ZEN_HVD_DEVICE_BUFFERS=1, which runs the same route on the CUDA simulator's CPU
         tensors (how the suite tests it without a GPU)."""
-        return self.moves_cuda() if device.type == "cuda" else self._cpu_by_device_route
+        return self.moves_cuda(device) if device.type == "cuda" else self._cpu_by_device_route
 
     def route(self, device) -> int:
         """The header's "route" for a tensor on `device` on the device data path: 1 when its
         messages follow another protocol than the host path's (sizes_first), else 0."""
         return int(self.sizes_first and self.size > 1 and self.moves_device_memory(device))
 
-    def moves_cuda(self) -> bool:
-        """Whether the transport moves CUDA memory itself (NCCL, CUDA-aware MPI, Horovod's
-        GPU operations)."""
+    def moves_cuda(self, device) -> bool:
+        """Whether the transport moves CUDA memory on `device` itself (NCCL, CUDA-aware MPI,
+        Horovod's GPU operations)."""
         return False
 
     def _push_device(self, send, send_counts):

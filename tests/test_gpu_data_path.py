@@ -531,19 +531,36 @@ def test_received_indices_range_checked_in_simulator():
     assert int(stdout.split("CASES", 1)[1].split()[0]) == 15 and not failed, json.dumps(failed, indent=1)
 
 
-def test_gpu_check_runs_in_simulator():
-    # The GPU check's own logic (scripts/gpu_check.sh on a GPU), at tiny sizes.
+def test_gpu_check_runs_in_simulator(tmp_path):
+    # scripts/gpu_check.sh as a bare GPU machine runs it (no Horovod, no mmh3, no mpirun on
+    # the PATH, no install), every step in Numba's CUDA simulator at tiny sizes.
+    import os
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "zen_hvd.bench.gpu", "--simulate"], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from conftest import NO_HOROVOD
+
+    # The PATH's commands, less MPI's launchers (mpirun shares /usr/bin with bash).
+    for d in reversed(os.environ["PATH"].split(os.pathsep)):
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            if not name.startswith(("mpi", "orte", "prte")):
+                target = tmp_path / name
+                target.unlink(missing_ok=True)
+                target.symlink_to(os.path.join(d, name))
+    env = dict(os.environ, PATH=str(tmp_path), PYTHON=sys.executable, **NO_HOROVOD)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_check.sh")
+    proc = subprocess.run(["bash", script, "--simulate"], capture_output=True, text=True, env=env,
+                          timeout=1200)
     table = proc.stdout
+    assert proc.returncode == 0, table[-4000:] + proc.stderr[-3000:]
+    for step in ("kernel tests", "device path, 2 ranks under torchrun", "DDP comm hook",
+                 "zen_hvd.bench.gpu"):
+        assert any(ln.strip().startswith(step) and ln.rstrip().endswith("pass")
+                   for ln in table.splitlines()), table[-4000:]
     assert "GPU check on the CUDA simulator" in table and " NO" not in table, table
     for step in ("partition", "pack", "bitmap", "popcount prefix", "aggregate", "scale", "decode", "scatter"):
         assert f"sync step: {step}" in table, table
     # zen_hvd's own device path, every step timed, against the host path's result
     for step in ("partition", "pack", "Push", "header check", "aggregate", "Pull", "decode", "scatter"):
         assert f"device_sync step: {step}" in table, table
-    assert "sparse_allreduce on the device path, 1 rank" in table, table

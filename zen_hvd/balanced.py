@@ -230,8 +230,9 @@ def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
     if _MALFORMED in tags:
         bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
         raise InvalidTensorError(
-            f"zen_hvd: tensor {name!r}: servers {bad} received a Push message whose size "
-            "does not match its header (a peer sent a different tensor or a corrupt message)")
+            f"zen_hvd: tensor {name!r}: servers {bad} received a Push message that does not match "
+            "its header (its size, or positions outside the server's range: a peer sent a "
+            "different tensor or a corrupt message)")
     K, nbs = [t >> 1 for t in tags], []
     for s, (t, k, size) in enumerate(zip(tags, K, tail_sizes)):
         nb = bitmap_nbytes(M, n, s) if t & 1 == BITMAP else pad8(k * isz)

@@ -72,6 +72,12 @@ class ZenState:
         self._place = {}         # id(parameter) -> its place in DDP's first bucket order
         self._saved = None       # loaded DGC state, applied as each bucket first runs DGC
 
+    @property
+    def dgc_buckets(self) -> list:
+        """The DGC buckets in use (dgc.Bucket: each one's last_sent is its last selection),
+        none before the first DGC iteration."""
+        return list(self._buckets.values())
+
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The iteration count and this rank's DGC residuals, per parameter, keyed by the

@@ -8,7 +8,7 @@ The stages, the fold for n not a power of two and the wire format of a set are h
           (atomic or)][values], written once into one device buffer;
   swap    Transport.swap_device: NCCL point to point on the torch transport (the size first),
           CUDA-aware MPI on mpi4py, Horovod's GPU alltoall; else staged through host memory;
-  decode  positions widened to int64, or the bitmap's set bits in order (word_prefix_kernel,
+  decode  positions widened to int64, or the bitmap's set bits in order (word_prefix_device,
           bitmap_positions_kernel), its popcount checked against the tag first;
   merge   the union of two ascending sets by one stable sort: where a unit is in both, the
           lower-rank group's value comes first and the two are added in that order, as
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .device_sync import _TORCH, _kernels, _word_prefix, arr, launch
+from .device_sync import _TORCH, _kernels, _to_host, _word_prefix, arr, launch
 from .hash_bitmap import bitmap_nbytes
 from .header import InvalidTensorError
 from .hierarchical import HierarchicalCentralization, UnitSet
@@ -60,10 +60,16 @@ class DeviceHierarchy(HierarchicalCentralization):
             raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
         if fmt == POSITIONS:
             units = buf[8:8 + K * idt.itemsize].view(_TORCH[idt]).long()
+            bad = torch.zeros(1, dtype=torch.int64, device=buf.device)
+            launch(_kernels()[0].check_positions_kernel, K, units, M, bad)
+            if int(bad.cpu()[0]):            # a kernel would index with them
+                raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
         else:
             words = buf[8:8 + nb].view(torch.int64)
             prefix, total = _word_prefix(words)
-            if int(total.cpu()[0]) != K:     # a corrupt bitmap could write past K units
+            total, last = (int(c.view(np.int64)[0]) for c in _to_host([total, words[-1:]]))
+            # a corrupt bitmap could write past K units, or name units past M
+            if total != K or M % 64 and (last & ((1 << 64) - 1)) >> (M % 64):
                 raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
             units = torch.empty(K, dtype=torch.int64, device=buf.device)
             launch(_kernels()[0].bitmap_positions_kernel, words.numel(), arr(words, np.uint64), prefix,

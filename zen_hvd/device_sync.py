@@ -10,8 +10,8 @@ decoded bitmap's popcount (the check that it matches its tag). The steps, as in 
                 positions and values straight into its part of the Push buffer;
   2. Push       Transport.push_device: NCCL point to point on the torch transport; other
                 transports stage the buffer through host memory (one copy each way);
-  3. aggregate  set_bits_kernel (atomic or) builds the hash bitmap of I'_p, word_prefix_kernel
-                its popcount prefix, add_part_kernel adds each worker's values in rank order
+  3. aggregate  set_bits_kernel (atomic or) builds the hash bitmap of I'_p, word_prefix_device
+                its popcount prefix (over many blocks), add_part_kernel adds each worker's values in rank order
                 0..n-1 at their slots (distinct positions within a part: no float atomics, the
                 same sum on every run), scale_rows_kernel applies the postscale once;
                 parts far sparser than the bitmap find the union by a device sort instead;
@@ -23,8 +23,10 @@ The same code runs on CPU tensors with NUMBA_ENABLE_CUDASIM=1 and ZEN_HVD_DATA_P
 the kernels then run in Numba's CUDA simulator on numpy views of the tensors, which is how the
 CPU suite checks this path against the host path, bit for bit, in real multi-rank syncs.
 
-The kernels run on the CUDA default stream. A caller on another stream is ordered before the
-sync, and the caller's stream after it, as torch orders work between streams.
+The kernels run on the tensor's device, on the CUDA default stream (sync.py runs every device
+scheme inside device_scope): a caller on another stream is ordered before the sync, and the
+caller's stream after it, and the results are recorded on the caller's stream. Every position
+received from a peer is range-checked on the device before a kernel indexes with it.
 
 time_steps() times every step of the syncs run inside it (scripts/gpu_check.sh's table).
 """
@@ -126,17 +128,38 @@ def launch(kernel, threads, *args):
 
 
 @contextlib.contextmanager
-def default_stream(device):
-    """Run the block on the CUDA default stream, after the work queued on the caller's current
-    stream and before what the caller queues next (nothing to do off the GPU)."""
-    if device.type != "cuda" or torch.cuda.current_stream(device) == torch.cuda.default_stream(device):
-        yield
+def device_scope(device):
+    """Where a device sync's kernels run: on `device` itself (torch's and numba's current device
+    both set to it: one GPU per rank), and on the CUDA default stream, after the work queued on
+    the caller's current stream and before what the caller queues next. Yields a list: the
+    tensors the block hands back to the caller, which are then marked as used on the caller's
+    stream (record_stream), so the caching allocator does not reuse their memory while the
+    caller's stream may still read them. Nothing to do off the GPU."""
+    outputs = []
+    if device.type != "cuda":
+        yield outputs
         return
-    caller, default = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
-    default.wait_stream(caller)
-    with torch.cuda.stream(default):
-        yield
-    caller.wait_stream(default)
+    from numba import cuda
+
+    with torch.cuda.device(device), cuda.gpus[device.index if device.index is not None else
+                                              torch.cuda.current_device()]:
+        caller, default = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
+        if caller == default:
+            yield outputs
+            return
+        default.wait_stream(caller)
+        with torch.cuda.stream(default):
+            yield outputs
+        caller.wait_stream(default)
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(caller)
+
+
+def empty_int64(device):
+    """empty(size): a new int64 device array from torch's caching allocator (a kernel's view of
+    a tensor on `device`), for the kernels' own scratch arrays."""
+    return lambda size: arr(torch.empty(int(size), dtype=torch.int64, device=device))
 
 
 def source(tensor: torch.Tensor, layout):
@@ -177,9 +200,7 @@ def sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divis
     """balanced.BalancedParallelism.sync on the device: returns (units or None, values, info)
     as torch tensors on the tensor's device (units None when the result is the dense [M, D]
     `out`, or a new dense table for a dense input)."""
-    with default_stream(tensor.device):
-        return _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divisor,
-                     out, ordered)
+    return _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divisor, out, ordered)
 
 
 def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divisor, out, ordered):
@@ -198,7 +219,8 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     if error == OK and nnz:
         with step("partition (Algorithm 1)", dev):
             order, d_counts, pos = hh.group_by_partition_gpu(arr(units), M, n, keys,
-                                                             h0.second_level_seeds(ctx.seed, me, 3))
+                                                             h0.second_level_seeds(ctx.seed, me, 3),
+                                                             empty=empty_int64(dev))
             order, pos = tensor_of(order, dev), tensor_of(pos, dev)
             counts = tensor_of(d_counts, dev).cpu().numpy().astype(np.int64)   # n integers
     header[COL["nnz"]] = counts.sum()
@@ -229,10 +251,10 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
     # 3. aggregate
     from_worker = table[:, COUNTS + me]
     with step("aggregate (bitmap, prefix, rank-order sum, scale)", dev):
-        if malformed_push([p.numel() for p in parts], from_worker, H, isz, vsz):
+        pull = None if malformed_push([p.numel() for p in parts], from_worker, H, isz, vsz) else \
+            _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
+        if pull is None:   # every rank then raises, from the tag (pull_formats)
             pull = torch.from_numpy(np.array([_MALFORMED], np.int64).view(np.uint8)).to(dev)
-        else:
-            pull = _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
 
     # 4. Pull: every server's aggregated values back to back
     with step("Pull", dev):
@@ -262,18 +284,29 @@ def _sync(name, tensor, layout, header, ctx, scheme_names, prescale, scale, divi
 
 
 def _decode(name, tails, tags, K, nbs, keys, M, n, isz, idt, dev):
-    """Every server's units, in server order, from the Pull tails: the hash bitmap (its
-    popcount checked against the tag first) or the positions, through the inverse bijection."""
+    """Every server's units, in server order, from the Pull tails: the hash bitmap or the
+    positions, through the inverse bijection. Checked first, on the device, with the few
+    integers read in one copy: each bitmap's popcount against its tag (a corrupt one could
+    write past its K units) and each position within its server's range."""
     gpu, h0, _ = _kernels()
     B, d_keys = h0.domain_bits(M), torch.from_numpy(np.asarray(keys, np.int64)).to(dev)
     bitmaps = {s: _word_prefix(tails[s][:nbs[s]].view(torch.int64))
                for s, t in enumerate(tags) if t & 1 == BITMAP}
-    totals = _to_host([total for _, total in bitmaps.values()])
-    found = {s: int(c.view(np.int64)[0]) for s, c in zip(bitmaps, totals)}
-    if any(found[s] != K[s] for s in found):
+    bad = torch.zeros(1, dtype=torch.int64, device=dev)
+    for s, (tail, k) in enumerate(zip(tails, K)):
+        if s not in bitmaps:
+            launch(gpu.check_positions_kernel, k, tail[:k * isz].view(_TORCH[idt]), h0.server_size(M, n, s), bad)
+    lasts = [tails[s][nbs[s] - 8:nbs[s]] for s in bitmaps]   # bits past |I_s| must be clear
+    counts = _to_host([bad] + [total for _, total in bitmaps.values()] + lasts)
+    found = {s: int(c.view(np.int64)[0]) for s, c in zip(bitmaps, counts[1:])}
+    past = {s: int(w.view(np.uint64)[0]) >> (h0.server_size(M, n, s) % 64)
+            for s, w in zip(bitmaps, counts[1 + len(bitmaps):]) if h0.server_size(M, n, s) % 64}
+    if any(found[s] != K[s] for s in found) or any(past.values()) or int(counts[0].view(np.int64)[0]):
+        wrong = [s for s in found if found[s] != K[s] or past.get(s)]
         raise InvalidTensorError(
-            f"zen_hvd: tensor {name!r}: the hash bitmap in the Pull message of servers "
-            f"{[s for s in found if found[s] != K[s]]} does not hold as many units as its tag says")
+            f"zen_hvd: tensor {name!r}: the Pull message of servers {wrong or 'of the positions format'} "
+            "holds units its tag does not count, or positions out of its server's range (a "
+            "corrupt message)")
     all_units = torch.empty(sum(K), dtype=torch.int64, device=dev)
     start = 0
     for s, (tail, k, nb) in enumerate(zip(tails, K, nbs)):
@@ -290,17 +323,23 @@ def _decode(name, tails, tags, K, nbs, keys, M, n, isz, idt, dev):
 
 def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor):
     """balanced._aggregate on the device: the Pull buffer of server me, [values summed in rank
-    order at their slots, then scaled][pad to 8][hash bitmap or positions][int64 tag]."""
-    gpu = _kernels()[0]
+    order at their slots, then scaled][pad to 8][hash bitmap or positions][int64 tag]; None
+    when a received position lies outside I_me (a corrupt Push)."""
+    gpu, h0, _ = _kernels()
     isz, vsz, dev = idt.itemsize, D * vdtype.itemsize, parts[0].device
     positions, values = [], []
     for b, k in zip(parts, from_worker):
         positions.append(b[H:H + k * isz].view(_TORCH[idt]))
         v0 = H + pad8(k * isz)
         values.append(b[v0:v0 + k * vsz].view(vdtype).view(int(k), D))
+    bad = torch.zeros(1, dtype=torch.int64, device=dev)   # positions outside I_me, from peers
+    for j in positions:
+        launch(gpu.check_positions_kernel, j.numel(), j, h0.server_size(M, n, me), bad)
     nb_bitmap = bitmap_nbytes(M, n, me)
     if nb_bitmap > pad8(sum(j.numel() for j in positions) * isz):
         # far sparser than the bitmap: the union by a device sort, memory following nnz
+        if int(bad.cpu()[0]):
+            return None
         union = torch.unique(torch.cat(positions).long())
         K = union.numel()
         pull, acc, index = _pull_buffer(K, pad8(K * isz), POSITIONS, vdtype, D, dev)
@@ -313,7 +352,9 @@ def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale,
         for j in positions:
             launch(gpu.set_bits_kernel, j.numel(), arr(words, np.uint64), j)
         prefix, total = _word_prefix(words)
-        K = int(total)                                       # |I'_me|: one integer to the host
+        K, wrong = (int(c.view(np.int64)[0]) for c in _to_host([total, bad]))   # |I'_me|
+        if wrong:
+            return None
         fmt = BITMAP if words.numel() * 8 <= pad8(K * isz) else POSITIONS
         pull, acc, index = _pull_buffer(K, words.numel() * 8 if fmt == BITMAP else pad8(K * isz),
                                         fmt, vdtype, D, dev)
@@ -345,7 +386,7 @@ def _word_prefix(words):
     prefix = torch.empty(words.numel(), dtype=torch.int64, device=words.device)
     total = torch.zeros(1, dtype=torch.int64, device=words.device)
     if words.numel():
-        gpu.word_prefix_kernel[1, h0.THREADS](arr(words, np.uint64), arr(prefix), arr(total))
+        gpu.word_prefix_device(arr(words, np.uint64), arr(prefix), arr(total))
     return prefix, total
 
 

@@ -25,6 +25,7 @@ import atexit
 import dataclasses
 import datetime
 import itertools
+import logging
 import os
 import secrets
 import sys
@@ -37,6 +38,7 @@ from .mpi.select import launched_by_mpi
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SEED_BITS = (1 << 62) - 1
+log = logging.getLogger("zen_hvd")
 generation = 0   # how many resets this process has seen
 
 
@@ -107,7 +109,16 @@ def _init_torch(method, rank, size):
 
     if dist.is_initialized():
         return None
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    backend = "gloo"
+    if torch.cuda.is_available():
+        # NCCL refuses two ranks on one GPU: with more local ranks than GPUs, gloo moves
+        # CUDA tensors too (through host memory).
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        backend = "cpu:gloo,cuda:nccl" if local <= torch.cuda.device_count() else "cpu:gloo,cuda:gloo"
+        if backend.endswith("gloo") and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            log.warning("zen_hvd.init(): %d local ranks share %d GPU(s), and NCCL refuses two ranks "
+                        "on one device: torch.distributed moves CUDA tensors with gloo", local,
+                        torch.cuda.device_count())
     kw = {} if rank is None else dict(rank=rank, world_size=size)
     dist.init_process_group(backend, init_method=method, timeout=_group_timeout(), **kw)
     atexit.register(_shutdown_torch)

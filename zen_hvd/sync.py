@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -109,49 +111,53 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
     divisor = tr.size if op == average and not floating else 0
-    if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
-        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                             np.zeros(tr.size, np.int64), step)
-        table = exchange_headers(name, header, tr)
-        units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
-        info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
-        if out is not None:
-            units, values = None, out
-    elif on_device and chosen == "balanced":
-        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                             np.zeros(tr.size, np.int64), step, route=tr.route(cpu.device))
-        dev = widened(cpu)
-        target = out if out is not None and out.dtype == dev.dtype and out.device == dev.device else None
-        units, values, info = device_sync.sync(name, dev, layout, header, ctx, SCHEME_NAMES,
-                                               float(prescale_factor), scale, divisor, target, ordered)
-        if out is not None and target is None:
-            out.copy_(values)
-            units, values = None, out
-    elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
-        cpu = widened(cpu)
-        src = source(cpu, layout)
-        header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
-                             np.zeros(tr.size, np.int64), step)
-        target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
-        units, values, info = SCHEMES[chosen].sync(
-            name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
-            scale, divisor, target, ordered, repeats)
-        values = torch.from_numpy(values)
-        if out is not None and target is None:
-            out.copy_(values)
-    else:
-        units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device)
-        if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
-            factor = float(prescale_factor) * scale
-            values = values * factor if factor != 1.0 else values
+    # A device scheme's kernels run on the tensor's device and stream (device_sync.device_scope).
+    scope = device_sync.device_scope(cpu.device) if on_device else contextlib.nullcontext([])
+    with scope as outputs:
+        if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
+            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
+                                 np.zeros(tr.size, np.int64), step)
+            table = exchange_headers(name, header, tr)
+            units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
+            info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
+            if out is not None:
+                units, values = None, out
+        elif on_device and chosen == "balanced":
+            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
+                                 np.zeros(tr.size, np.int64), step, route=tr.route(cpu.device))
+            dev = widened(cpu)
+            target = out if out is not None and out.dtype == dev.dtype and out.device == dev.device else None
+            units, values, info = device_sync.sync(name, dev, layout, header, ctx, SCHEME_NAMES,
+                                                   float(prescale_factor), scale, divisor, target, ordered)
+            if out is not None and target is None:
+                out.copy_(values)
+                units, values = None, out
+        elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
+            cpu = widened(cpu)
+            src = source(cpu, layout)
+            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
+                                 np.zeros(tr.size, np.int64), step)
+            target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
+            units, values, info = SCHEMES[chosen].sync(
+                name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
+                scale, divisor, target, ordered, repeats)
+            values = torch.from_numpy(values)
+            if out is not None and target is None:
+                out.copy_(values)
         else:
-            values = values * prescale_factor if prescale_factor != 1.0 else values
-            values = values.div(divisor, rounding_mode="trunc") if divisor else values
-            values = values * postscale_factor if postscale_factor != 1.0 else values
-        if out is not None:
-            if len(units):
-                out[torch.as_tensor(units, device=out.device)] = values.to(device=out.device, dtype=out.dtype)
-            units, values = None, out
+            units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device)
+            if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
+                factor = float(prescale_factor) * scale
+                values = values * factor if factor != 1.0 else values
+            else:
+                values = values * prescale_factor if prescale_factor != 1.0 else values
+                values = values.div(divisor, rounding_mode="trunc") if divisor else values
+                values = values * postscale_factor if postscale_factor != 1.0 else values
+            if out is not None:
+                if len(units):
+                    out[torch.as_tensor(units, device=out.device)] = values.to(device=out.device, dtype=out.dtype)
+                units, values = None, out
+        outputs += [units, values]
     if scheme == "auto" and layout.num_units:
         auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, stays)
     last_sync.clear()

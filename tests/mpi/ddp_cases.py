@@ -1,6 +1,6 @@
 """Zen's DDP comm hook (zen_hvd.ddp) on real ranks under torchrun, without Horovod.
 
-    torchrun --nproc-per-node N tests/mpi/ddp_cases.py [--case all|mismatch|exit|stall]
+    torchrun --nproc-per-node N tests/mpi/ddp_cases.py [--case all|mismatch|exit|stall] [--device cuda]
 
 all: a model with a sparse embedding, a dense embedding and an MLP trains with Zen's hook and,
 side by side from the same initial weights and batches, with DDP's own reduction (gloo's
@@ -30,7 +30,9 @@ from zen_hvd import ddp
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", default="all", choices=["all", "mismatch", "exit", "stall"])
+parser.add_argument("--device", default="cpu", help="where the models live (cuda: scripts/gpu_check.sh)")
 args = parser.parse_args()
+DEV = torch.device(args.device)
 
 zen_hvd.init()
 n, me = dist.get_world_size(), dist.get_rank()
@@ -53,7 +55,7 @@ def batch(step, rank):
     words = torch.multinomial(1.0 / torch.arange(1, 2001, dtype=torch.float64) ** 1.1, 64 * 6,
                               replacement=True, generator=g).reshape(64, 6)
     tags = torch.randint(0, 300, (64, 3), generator=g)
-    return words, tags, torch.randint(0, 5, (64,), generator=g)
+    return words.to(DEV), tags.to(DEV), torch.randint(0, 5, (64,), generator=g).to(DEV)
 
 
 def step(model, opt, i):
@@ -64,7 +66,7 @@ def step(model, opt, i):
 
 
 def wrap(base, hook_state=None):
-    model = DDP(copy.deepcopy(base), bucket_cap_mb=0.002)   # several dense buckets
+    model = DDP(copy.deepcopy(base).to(DEV), bucket_cap_mb=0.002)   # several dense buckets
     if hook_state is not None:
         model.register_comm_hook(hook_state, ddp.zen_hook)
     return model, torch.optim.SGD(model.parameters(), lr=0.5)
@@ -73,7 +75,7 @@ def wrap(base, hook_state=None):
 def digest(model) -> int:
     h = hashlib.blake2b(digest_size=7)
     for p in model.parameters():
-        h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return int.from_bytes(h.digest(), "little")
 
 
@@ -128,9 +130,9 @@ if args.case == "all":
         step(model, opt, i)
         if i >= state.start_dgc_iter:
             for b in state._buckets.values():
-                sent = b.last_sent.to_dense().double()
+                sent = b.last_sent.to_dense().double().cpu()
                 dist.all_reduce(sent)
-                got = torch.cat([p.grad.reshape(-1) for p in b.params]).double()
+                got = torch.cat([p.grad.reshape(-1) for p in b.params]).double().cpu()
                 assert torch.allclose(got, sent / n, rtol=1e-6, atol=1e-7), f"DGC bucket {b.name}"
     assert state._buckets, "DGC never ran"
     assert same_on_all_ranks(digest(model)), "DGC through the hook: parameters differ across ranks"
@@ -145,7 +147,7 @@ if args.case == "all":
     fresh_state = ddp.ZenState(dgc=0.1, scheme="balanced")
     fresh_state.load_state_dict(ckpt["hook"])
     base_again = Net()
-    base_again.load_state_dict(ckpt["model"])
+    base_again.load_state_dict({k: v.cpu() for k, v in ckpt["model"].items()})
     again, again_opt = wrap(base_again, fresh_state)
     again_opt.load_state_dict(ckpt["opt"])
     for i in range(4, 7):
@@ -158,7 +160,7 @@ if args.case == "all":
     print(f"rank {me}: DGC through the hook, checkpoint resumed exactly", flush=True)
     dist.barrier()
     if me == 0:
-        print(f"ddp_cases: all cases passed on {n} ranks", flush=True)
+        print(f"ddp_cases: all cases passed on {n} ranks ({DEV.type} tensors)", flush=True)
 
 elif args.case == "mismatch":
     # The last rank's embedding is dense: its DDP buckets differ from the others'.

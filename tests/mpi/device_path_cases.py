@@ -2,7 +2,7 @@
 and hierarchical centralization (zen_hvd/device_hierarchy.py).
 
     NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi/device_path_cases.py [--transport T] [--examples K]
-    mpirun -np N python tests/mpi/device_path_cases.py --device cuda     # on a GPU (gpu_check.sh)
+    torchrun --nproc-per-node 2 tests/mpi/device_path_cases.py --device cuda   # a GPU (gpu_check.sh)
 
 Off a GPU the device kernels run in Numba's CUDA simulator on CPU tensors
 (ZEN_HVD_DATA_PATH=device), so sizes stay small. With --device cuda the inputs are CUDA
@@ -34,9 +34,7 @@ args = parser.parse_args()
 DEV = torch.device(args.device)
 
 zen_hvd.init()
-import horovod.torch as hvd  # noqa: E402
-
-n, me = hvd.size(), hvd.rank()
+n, me = zen_hvd.size(), zen_hvd.rank()
 tr = runtime.get_transport(args.transport)
 count = iter(range(10 ** 6))
 # ZEN_HVD_DEVICE_BUFFERS=1 (or a GPU with NCCL, CUDA-aware MPI or Horovod's GPU operations):
@@ -195,6 +193,28 @@ if n > 1:
             assert "servers [0]" in str(e) and "does not match its header" in str(e), e
         finally:
             setattr(tr, method, clean)
+
+# A Push message of the right size whose positions lie outside the server's range (rank 1
+# rewrites the first position it sends rank 0): every rank raises instead of a kernel
+# indexing with it (on a GPU an illegal address would end the CUDA context).
+if n > 1:
+    def out_of_range(clean):
+        def push(send, counts, control=0):
+            send = send.clone()
+            send[control:control + 4].view(torch.int32).fill_(2 ** 31 - 1)
+            return clean(send, counts, control)
+        return push
+
+    clean = tr.push_device
+    tr.push_device = out_of_range(clean) if me == 1 else clean
+    try:
+        sync(torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 5, 8, 13]]), torch.ones(6, 2), (100, 2)).to(DEV),
+             "device")
+        raise AssertionError("device: positions out of range were not caught")
+    except InvalidTensorError as e:
+        assert "servers [0]" in str(e) and "does not match its header" in str(e), e
+    finally:
+        tr.push_device = clean
 
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
 bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
