@@ -1,21 +1,30 @@
 """The harness every example shares, so that each example file holds only its model and its data:
-the command line, the one-line switch between Zen and Horovod, the training loop, the bytes
-each rank receives, and the per-epoch log (console, --csv, --plot).
+the command line, the switch between Zen and its peer (Horovod, or PyTorch DDP's own reduction),
+the training loop, the bytes each rank receives, and the per-epoch log (console, --csv, --plot).
 
-The switch (make_optimizer):
-    opt = horovod.torch.DistributedOptimizer(opt, named_parameters=...)   # --sync horovod
-    opt = zen_hvd.DistributedOptimizer(opt, named_parameters=...)         # --sync zen
-(or `import zen_hvd as hvd` at the top of a Horovod script).
+Two runtimes, one training loop (HorovodSync and DDPSync: the few collectives it uses):
+  Horovod (horovodrun, mpirun): the optimizer wrapped, the one-line switch (make_optimizer)
+      opt = horovod.torch.DistributedOptimizer(opt, named_parameters=...)   # --sync horovod
+      opt = zen_hvd.DistributedOptimizer(opt, named_parameters=...)         # --sync zen
+  (or `import zen_hvd as hvd` at the top of a Horovod script); --sync horovod-dense is
+  Horovod's with sparse_as_dense=True.
+  DDP (--ddp, under torchrun; Horovod is never imported): the model wrapped in
+  torch.nn.parallel.DistributedDataParallel (gloo), and the switch (make_ddp)
+      model.register_comm_hook(zen_hvd.ddp.ZenState(scheme=...), zen_hvd.ddp.zen_hook)  # --sync zen
+  --sync ddp is DDP's own reduction (gloo's allreduce, which allgathers sparse gradients);
+  --sync ddp-dense builds the embeddings with sparse=False (DDP's dense allreduce).
 
-Bytes per step per rank (received): Zen's sparse syncs are counted by zen_hvd.comm_stats()
-(data + control bytes); everything Horovod moves is computed from tensor sizes: its sparse
-path allgathers every rank's (uncoalesced) indices and values, so a rank receives the other
-ranks' nnz x (8 x sparse dims + the bytes of one row of values); its allreduce receives
-2 (n-1)/n of the dense tensor's bytes.
+Bytes per step per rank (received): Zen's syncs are counted by zen_hvd.comm_stats() (data +
+control bytes); everything the peer moves is computed from tensor sizes: its sparse path
+allgathers every rank's indices and values (Horovod's the gradient as it is, uncoalesced; gloo's
+after coalescing it), so a rank receives the other ranks' nnz x (8 x sparse dims + the bytes of
+one row of values); its allreduce receives 2 (n-1)/n of the dense tensor's bytes.
 """
 from __future__ import annotations
 
 import csv
+import functools
+import gc
 import hashlib
 import math
 import os
@@ -24,26 +33,34 @@ import sys
 import time
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 import zen_hvd
 from zen_hvd.bench.common import share_cores
+from zen_hvd.runtime import launched_by_torchrun
 
-SYNCS = ("zen", "horovod", "horovod-dense")
-CSV_COLUMNS = ("example", "sync", "scheme", "ranks", "epoch", "samples_per_s", "loss",
-               "zen_bytes_per_step", "horovod_bytes_per_step")
+HOROVOD_SYNCS = ("zen", "horovod", "horovod-dense")
+DDP_SYNCS = ("zen", "ddp", "ddp-dense")
+CSV_COLUMNS = ("example", "runtime", "sync", "scheme", "ranks", "epoch", "samples_per_s", "loss",
+               "zen_bytes_per_step", "peer_bytes_per_step")
 
 
 def add_common_args(ap, lr):
     """The options every example takes (lr: the example's default learning rate)."""
-    ap.add_argument("--sync", choices=SYNCS, default="zen",
-                    help="zen: zen_hvd.DistributedOptimizer; horovod: Horovod's (sparse gradients "
-                         "allgathered); horovod-dense: Horovod's with sparse_as_dense=True")
+    ap.add_argument("--ddp", action="store_true",
+                    help="PyTorch DDP under torchrun (no Horovod): --sync zen|ddp|ddp-dense")
+    ap.add_argument("--sync", choices=HOROVOD_SYNCS + DDP_SYNCS[1:], default="zen",
+                    help="zen: zen_hvd.DistributedOptimizer (with --ddp: Zen's DDP comm hook); "
+                         "horovod: Horovod's (sparse gradients allgathered); horovod-dense: Horovod's "
+                         "with sparse_as_dense=True; ddp (--ddp): DDP's own reduction (sparse gradients "
+                         "allgathered); ddp-dense (--ddp): embeddings with sparse=False")
     ap.add_argument("--scheme", choices=["auto", *zen_hvd.SCHEMES], default="auto",
                     help="Zen's sparse_allreduce scheme (--sync zen only)")
     ap.add_argument("--dgc", type=float, default=None, metavar="RATIO",
                     help="Deep Gradient Compression keeping RATIO of each gradient "
-                         "(zen_hvd.Compression.dgc; --sync zen only; 0: none)")
+                         "(zen_hvd.Compression.dgc, with --ddp ZenState(dgc=RATIO); --sync zen only; "
+                         "0: none)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per epoch")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before the first epoch")
@@ -65,8 +82,14 @@ def add_size_args(ap, sizes):
 
 
 def parse(ap, argv=None):
-    """ap.parse_args, with every size not given filled in from --small, and --dgc checked."""
+    """ap.parse_args, with every size not given filled in from --small, and --sync and --dgc
+    checked."""
     args = ap.parse_args(argv)
+    if args.sync not in (DDP_SYNCS if args.ddp else HOROVOD_SYNCS):
+        ap.error(f"--sync {args.sync} runs on Horovod, without --ddp" if args.ddp
+                 else f"--sync {args.sync} runs under torchrun with --ddp")
+    if launched_by_torchrun() and not args.ddp:
+        ap.error("under torchrun, pass --ddp (without it the examples run on Horovod: horovodrun, mpirun)")
     for name, (full, small, _) in vars(args).pop("_sizes", {}).items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.small else full)
@@ -105,7 +128,8 @@ def text_windows(ids, rng, batch, length):
 
 
 def make_optimizer(model, args, base_opt):
-    """base_opt wrapped for --sync: Zen's DistributedOptimizer or Horovod's (the one-line switch)."""
+    """base_opt wrapped for --sync on Horovod: Zen's DistributedOptimizer or Horovod's (the
+    one-line switch)."""
     import horovod.torch as horovod
 
     if args.sync == "zen":
@@ -116,15 +140,156 @@ def make_optimizer(model, args, base_opt):
                                         sparse_as_dense=args.sync == "horovod-dense")
 
 
-def local_sparse_grads(model):
-    """{name: (nnz, bytes per entry)} of this rank's sparse gradients, before step() syncs them."""
-    out = {}
-    for name, p in model.named_parameters():
-        g = p.grad
-        if g is not None and g.is_sparse:
+class LossModule(nn.Module):
+    """The example's loss as a module's forward: DDP prepares its reduction in its own forward,
+    so the loss must run through it."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(*batch)
+
+
+def make_ddp(model, loss_fn, args):
+    """(the loss through DDP, Zen's hook state or None) for --sync under --ddp: DDP's own
+    reduction, or Zen's comm hook (the switch); ddp-dense turns the embeddings dense first."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if args.sync == "ddp-dense":   # as if built with sparse=False: F.embedding reads the flag
+        for m in model.modules():
+            if isinstance(m, nn.Embedding):
+                m.sparse = False
+    # Buffers (deepfm's batch-norm statistics) broadcast once, at construction, as Horovod's
+    # broadcast_parameters does; then each rank's follow its own batches, as under Horovod.
+    ddp = DistributedDataParallel(LossModule(model, loss_fn), forward_sync_buffers=False)
+    if args.sync != "zen":
+        return ddp, None
+    state = zen_hvd.ddp.ZenState(scheme=args.scheme, dgc=args.dgc)
+    ddp.register_comm_hook(state, zen_hvd.ddp.zen_hook)
+    return ddp, state
+
+
+class HorovodSync:
+    """The collectives the training loop uses, on Horovod; the optimizer wrapped for --sync."""
+
+    peer = "Horovod"
+    coalesces = False   # its sparse allgather sends the gradient as it is, repeated rows too
+
+    def __init__(self):
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def prepare(self, model, loss_fn, args, base_opt):
+        """The optimizer to step; rank 0's parameters on every rank."""
+        self.loss = loss_fn
+        self.opt = make_optimizer(model, args, base_opt)
+        self.by_zen = synced_by_zen(model, self.opt)
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return self.opt
+
+    def close(self):
+        pass
+
+    def zen_names(self, model, sparse):
+        return self.by_zen
+
+    def dgc_buckets(self):
+        return getattr(self.opt, "dgc_buckets", ())
+
+    def barrier(self):
+        self.hvd.barrier()
+
+    def mean(self, value, name) -> float:
+        return self.hvd.allreduce(torch.tensor(value), name=name).item()
+
+    def total(self, count, name) -> int:
+        return int(self.hvd.allgather(torch.tensor([count]), name=name).sum())
+
+
+class DDPSync:
+    """The collectives the training loop uses, on torch.distributed; the model wrapped in DDP
+    (which broadcasts rank 0's parameters at construction) for --sync."""
+
+    peer = "DDP"
+    coalesces = True    # gloo's sparse allreduce coalesces each rank's gradient, then allgathers
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise SystemExit("--ddp: torch.distributed is not running; launch with torchrun")
+        self.dist = dist
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def prepare(self, model, loss_fn, args, base_opt):
+        """The optimizer to step (base_opt as it is); self.loss runs through DDP."""
+        self.ddp, self.state = make_ddp(model, loss_fn, args)
+        return base_opt
+
+    def loss(self, *batch):
+        return self.ddp(*batch)
+
+    def close(self):
+        """DDP released now: left to the interpreter's exit, its gloo work sometimes ended the
+        process ("terminate called without an active exception", about one exit in seven with
+        torch 2.13, plain DDP too)."""
+        self.ddp = None
+        gc.collect()   # DDP's module and hooks refer to each other
+
+    def zen_names(self, model, sparse):
+        """Call after a step: the parameters Zen's hook synced in it: every sparse gradient
+        (`sparse`: this step's), and every dense one where the step ran DGC."""
+        if self.state is None:
+            return set()
+        # state.iter counts the steps run, this one included: it ran DGC if its index,
+        # iter - 1, is at least start_dgc_iter.
+        dgc_ran = self.state.dgc is not None and self.state.iter > self.state.start_dgc_iter
+        return {name for name, _ in model.named_parameters() if dgc_ran or name in sparse}
+
+    def dgc_buckets(self):
+        return self.state.dgc_buckets if self.state is not None else ()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def mean(self, value, name) -> float:
+        t = torch.tensor(value)
+        self.dist.all_reduce(t)
+        return t.item() / self.size
+
+    def total(self, count, name) -> int:
+        t = torch.tensor([count])
+        self.dist.all_reduce(t)
+        return int(t)
+
+
+class SparseGrads:
+    """This rank's own sparse gradients of a step, as autograd hands each to its parameter (a
+    tensor hook runs before the accumulation Horovod and DDP sync from), so that their sizes
+    are read after the timed step."""
+
+    def __init__(self, model):
+        self.grads = {}
+        for name, p in model.named_parameters():
+            p.register_hook(functools.partial(self._keep, name))
+
+    def _keep(self, name, grad):
+        if grad.is_sparse:
+            self.grads[name] = grad
+
+    def take(self, coalesced):
+        """{name: (nnz, bytes per entry)} of the step's sparse gradients, as sent (coalesced: after
+        summing repeated rows), and forgets them."""
+        out = {}
+        for name, g in self.grads.items():
             row = math.prod(g.shape[g.sparse_dim():]) * g.element_size()
-            out[name] = (g._nnz(), g.sparse_dim() * 8 + row)
-    return out
+            out[name] = (g.coalesce()._nnz() if coalesced else g._nnz(), g.sparse_dim() * 8 + row)
+        self.grads = {}
+        return out
 
 
 def synced_by_zen(model, opt):
@@ -135,20 +300,18 @@ def synced_by_zen(model, opt):
         name for name, p in model.named_parameters() if id(p) in by_dgc}
 
 
-def computed_horovod_bytes(model, sync, zen_names, sparse_before, prefix):
-    """Bytes this rank received through Horovod this step, from the gradients' sizes (call after
-    step(); zen_names: synced_by_zen; sparse_before: local_sparse_grads before step(); see the
-    top of the file)."""
-    import horovod.torch as hvd
-
-    n, total = hvd.size(), 0.0
+def computed_peer_bytes(model, args, sync, sparse, prefix):
+    """Bytes this rank received through the peer (Horovod, or DDP's own collectives) this step,
+    from the gradients' sizes (call after step(); sparse: SparseGrads.take's; see the top of
+    the file)."""
+    n, total = sync.size, 0.0
+    zen_names = sync.zen_names(model, sparse)
     for name, p in model.named_parameters():
         if p.grad is None or name in zen_names:
             continue  # Zen's syncs are counted by zen_hvd.comm_stats()
-        if name in sparse_before and sync == "horovod":  # allgather of indices and values
-            mine, entry = sparse_before[name]
-            nnz = hvd.allgather(torch.tensor([mine]), name=f"{prefix}.nnz.{name}")
-            total += (int(nnz.sum()) - mine) * entry
+        if name in sparse and args.sync in ("horovod", "ddp"):  # allgather of indices and values
+            mine, entry = sparse[name]
+            total += (sync.total(mine, f"{prefix}.nnz.{name}") - mine) * entry
         else:  # allreduce of the dense tensor
             total += 2 * (n - 1) / n * p.numel() * p.element_size()
     return total
@@ -161,15 +324,17 @@ def zen_bytes_so_far():
 
 def describe(args):
     """The synchronization, as the log and the plot name it."""
+    ddp = "--ddp " if args.ddp else ""
     if args.sync != "zen":
-        return f"--sync {args.sync}"
-    return f"--sync zen --scheme {args.scheme}" + (f" --dgc {args.dgc:g}" if args.dgc is not None else "")
+        return f"{ddp}--sync {args.sync}"
+    return f"{ddp}--sync zen --scheme {args.scheme}" + (f" --dgc {args.dgc:g}" if args.dgc is not None else "")
 
 
 def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=None):
     """Train `model` on every rank and return this rank's {samples_per_s, step_seconds (median),
-    final_loss (the last step's, averaged over ranks), zen_bytes and horovod_bytes (received per
-    timed step), losses (this rank's loss at every step, the --warmup ones first), model}.
+    final_loss (the last step's, averaged over ranks), zen_bytes and peer_bytes (received per
+    timed step: counted, and computed for Horovod or DDP), losses (this rank's loss at every
+    step, the --warmup ones first), model}.
 
     batches(rank, ranks): this rank's iterator of batch tuples; loss_fn(*batch): the loss;
     samples(batch): its sample count (default: the length of its first tensor); optimizer:
@@ -177,17 +342,15 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
     collectives); about: the model and batch sizes, for the first log line.
     --warmup untimed steps, then --epochs x --steps timed ones, each timed from a barrier
     through step(); the bytes accounting runs after the timer stops."""
-    import horovod.torch as hvd
-
     zen_hvd.init()
-    rank, ranks = hvd.rank(), hvd.size()
+    sync = DDPSync() if args.ddp else HorovodSync()
+    rank, ranks = sync.rank, sync.size
     share_cores()   # torch threads per rank: the machine's cores over its local ranks
     count = samples or (lambda batch: len(batch[0]))
-    opt = make_optimizer(model, args, optimizer or torch.optim.SGD(model.parameters(), lr=args.lr))
-    zen_names = synced_by_zen(model, opt)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sparse = SparseGrads(model)
+    opt = sync.prepare(model, loss_fn, args, optimizer or torch.optim.SGD(model.parameters(), lr=args.lr))
     stream = iter(batches(rank, ranks))
-    log = EpochLog(args, name, ranks, rank == 0)
+    log = EpochLog(args, name, ranks, rank == 0, sync.peer)
     log.line(f"{name} {describe(args)}: {ranks} ranks, {args.epochs} epoch(s) of {args.steps} steps "
              f"after {args.warmup} warm-up steps" + (f"; {about}" if about else ""))
     bar = tqdm(total=args.warmup + args.epochs * args.steps, desc=name, file=sys.stderr,
@@ -195,20 +358,18 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
 
     def step():
         batch = next(stream)
-        hvd.barrier()
+        sync.barrier()
         t0 = time.perf_counter()
-        loss = loss_fn(*batch)
+        loss = sync.loss(*batch)
         loss.backward()
-        sparse = local_sparse_grads(model)
         opt.step()
         seconds = time.perf_counter() - t0
         # Not timed, and after step(): its allgather must not give Horovod's sparse
         # allgathers, queued during backward, untimed time to finish.
-        received = computed_horovod_bytes(model, args.sync, zen_names, sparse, name)
+        received = computed_peer_bytes(model, args, sync, sparse.take(sync.coalesces), name)
         opt.zero_grad()
         losses.append(loss.item())
-        densities.append([b.last_sent._nnz() / b.numel for b in getattr(opt, "dgc_buckets", ())
-                          if b.last_sent is not None])
+        densities.append([b.last_sent._nnz() / b.numel for b in sync.dgc_buckets() if b.last_sent is not None])
         bar.update()
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         return seconds, count(batch) * ranks, received
@@ -223,41 +384,41 @@ def run(args, model, batches, loss_fn, name, about="", samples=None, optimizer=N
         timed += epoch_steps
         seconds, samples_seen, received = (sum(column) for column in zip(*epoch_steps or [(0, 0, 0)]))
         mean_loss = statistics.fmean(losses[-args.steps:]) if args.steps else float("nan")
-        log.epoch(epoch, samples_seen / max(seconds, 1e-12),
-                  hvd.allreduce(torch.tensor(mean_loss), name=f"{name}.epoch_loss").item(),
+        log.epoch(epoch, samples_seen / max(seconds, 1e-12), sync.mean(mean_loss, f"{name}.epoch_loss"),
                   (zen_bytes_so_far() - zen_before) / max(1, args.steps), received / max(1, args.steps),
                   [d for step_d in densities[-args.steps:] for d in step_d] if args.steps else [])
     bar.close()
-    final = (hvd.allreduce(torch.tensor(losses[-1]), name=f"{name}.loss").item() if losses else float("nan"))
+    final = sync.mean(losses[-1], f"{name}.loss") if losses else float("nan")
+    sync.close()
     if args.plot and rank == 0:
         plot_losses(args.plot, losses, args, name, ranks)
     seconds = [t for t, _, _ in timed]
     steps = max(1, len(timed))
     return dict(samples_per_s=sum(s for _, s, _ in timed) / max(sum(seconds), 1e-12),
                 step_seconds=statistics.median(seconds) if seconds else 0.0, final_loss=final,
-                zen_bytes=zen_bytes_so_far() / steps, horovod_bytes=sum(b for _, _, b in timed) / steps,
+                zen_bytes=zen_bytes_so_far() / steps, peer_bytes=sum(b for _, _, b in timed) / steps,
                 losses=losses, model=model, dgc_densities=densities)
 
 
 class EpochLog:
     """Rank 0's log: lines on stdout (past the progress bar), rows in --csv."""
 
-    def __init__(self, args, name, ranks, active):
-        self.args, self.name, self.ranks, self.active = args, name, ranks, active
+    def __init__(self, args, name, ranks, active, peer):
+        self.args, self.name, self.ranks, self.active, self.peer = args, name, ranks, active, peer
 
     def line(self, text):
         if self.active:
             tqdm.write(text, file=sys.stdout)
             sys.stdout.flush()
 
-    def epoch(self, epoch, samples_per_s, loss, zen_bytes, horovod_bytes, dgc_densities=()):
+    def epoch(self, epoch, samples_per_s, loss, zen_bytes, peer_bytes, dgc_densities=()):
         """dgc_densities: the fraction each DGC bucket sent, at each of the epoch's steps."""
         dgc = (f"; DGC sent {statistics.fmean(dgc_densities):.2%} of the compressed coordinates "
                f"(target {self.args.dgc:.2%}; lowest of one bucket at one step {min(dgc_densities):.2%})"
                if dgc_densities else "")
         self.line(f"epoch {epoch}/{self.args.epochs}: {samples_per_s:.1f} samples/s, loss {loss:.4f}, "
-                  f"bytes/step/rank received: Zen {zen_bytes:,.0f} (counted) + Horovod "
-                  f"{horovod_bytes:,.0f} (computed){dgc}")
+                  f"bytes/step/rank received: Zen {zen_bytes:,.0f} (counted) + {self.peer} "
+                  f"{peer_bytes:,.0f} (computed){dgc}")
         if self.active and self.args.csv:
             new = not os.path.exists(self.args.csv) or os.path.getsize(self.args.csv) == 0
             with open(self.args.csv, "a", newline="") as f:
@@ -265,8 +426,9 @@ class EpochLog:
                 if new:
                     writer.writerow(CSV_COLUMNS)
                 scheme = self.args.scheme if self.args.sync == "zen" else ""
-                writer.writerow([self.name, self.args.sync, scheme, self.ranks, epoch, f"{samples_per_s:.2f}",
-                                 f"{loss:.6f}", f"{zen_bytes:.0f}", f"{horovod_bytes:.0f}"])
+                writer.writerow([self.name, "ddp" if self.args.ddp else "horovod", self.args.sync, scheme,
+                                 self.ranks, epoch, f"{samples_per_s:.2f}", f"{loss:.6f}", f"{zen_bytes:.0f}",
+                                 f"{peer_bytes:.0f}"])
 
 
 def plot_losses(path, losses, args, name, ranks):
@@ -287,8 +449,6 @@ def plot_losses(path, losses, args, name, ranks):
 
 def summary(result):
     """The result's line, printed on rank 0."""
-    import horovod.torch as hvd
-
-    if hvd.rank() == 0:
+    if zen_hvd.rank() == 0:
         print(f"final loss {result['final_loss']:.6f} (mean over ranks), {result['samples_per_s']:.1f} "
               f"samples/s, {result['step_seconds'] * 1e3:.1f} ms/step (median)", flush=True)

@@ -1,8 +1,9 @@
-"""DeepFM (Guo et al. 2017), a click-through-rate model, trained with Horovod, where Zen is a
-one-line switch.
+"""DeepFM (Guo et al. 2017), a click-through-rate model, trained with Horovod or PyTorch DDP,
+where Zen is a one-line switch.
 
     horovodrun -np 4 -H localhost:4 python examples/deepfm.py --sync zen
     mpirun -np 4 python examples/deepfm.py --small [--sync zen|horovod|horovod-dense] [--data FILE]
+    torchrun --nproc-per-node 4 examples/deepfm.py --ddp --small [--sync zen|ddp|ddp-dense]
 
 Each example has 13 dense features and 26 categorical fields. Every categorical value is hashed,
 with its field, into one shared table of --rows rows (1,000,000; --small: 100,000): a
@@ -21,6 +22,9 @@ hex strings (features may be empty), one example per line; rank r reads lines r,
 The switch is in examples/common.py (make_optimizer):
     opt = horovod.torch.DistributedOptimizer(opt, named_parameters=...)   # --sync horovod
     opt = zen_hvd.DistributedOptimizer(opt, named_parameters=...)         # --sync zen
+and under torchrun with --ddp (make_ddp; no Horovod), on torch.nn.parallel.DistributedDataParallel:
+    model.register_comm_hook(zen_hvd.ddp.ZenState(), zen_hvd.ddp.zen_hook)  # --sync zen
+    (nothing)                                                              # --sync ddp
 which also explains the bytes per step the log prints.
 """
 from __future__ import annotations
@@ -154,7 +158,7 @@ def criteo_batches(args, rank, ranks):
 
 def train(args):
     """common.run's result for this model: samples_per_s, step_seconds (median), final_loss,
-    zen_bytes and horovod_bytes per timed step, losses, model."""
+    zen_bytes and peer_bytes per timed step, losses, model."""
     torch.manual_seed(args.seed)
     mlp = [int(units) for units in args.mlp.split(",") if units]
     model = DeepFM(args.rows, args.dim, mlp)

@@ -2,6 +2,7 @@
 
     horovodrun -np 4 -H localhost:4 python examples/gpt.py                 # Zen + DGC 5%
     mpirun -np 4 python examples/gpt.py --small [--dgc 0.01] [--sync horovod|horovod-dense]
+    torchrun --nproc-per-node 4 examples/gpt.py --ddp --small [--sync zen|ddp|ddp-dense]
 
 The model has a Llama-like shape, scaled down: token embedding (sparse=True: by rows through
 Zen), --layers pre-norm blocks (RMSNorm, causal multi-head self-attention, a SwiGLU MLP) and
@@ -15,6 +16,10 @@ DGC's momentum correction takes the place of the optimizer's momentum for the co
 matrices, so their parameter group runs SGD without momentum; every other parameter (the
 embedding, the norms) uses momentum 0.9, as do all parameters with --sync horovod*, so the two
 runs apply the same momentum. --dgc 1 sends everything (DGC's bookkeeping, no compression).
+Under torchrun with --ddp, DGC runs in Zen's DDP comm hook instead,
+    model.register_comm_hook(zen_hvd.ddp.ZenState(dgc=0.05), zen_hvd.ddp.zen_hook)
+on every dense bucket from the second step on (DDP's buckets are final then), with plain error
+feedback: the optimizer keeps momentum 0.9 on every parameter, as with --sync ddp*.
 
 Tokens are synthetic by default: a fixed random bigram chain (each token has 4 likely
 successors), so the loss can fall well below log(vocab); --data FILE reads a text file, one
@@ -124,8 +129,9 @@ def token_stream(args, rank):
 
 def optimizer(model, args):
     """SGD: no momentum on the matrices DGC compresses (its momentum correction is theirs),
-    momentum 0.9 on everything else, and on everything without DGC."""
-    if args.dgc is None:
+    momentum 0.9 on everything else, and on everything without DGC or with --ddp (the hook's
+    DGC has no momentum correction)."""
+    if args.dgc is None or args.ddp:
         return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     compressed = [p for name, p in model.named_parameters() if p.dim() >= 2 and name != "embedding.weight"]
     ids = {id(p) for p in compressed}

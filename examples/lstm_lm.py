@@ -1,7 +1,8 @@
-"""An LSTM language model trained with Horovod, where Zen is a one-line switch.
+"""An LSTM language model trained with Horovod or PyTorch DDP, where Zen is a one-line switch.
 
     horovodrun -np 4 -H localhost:4 python examples/lstm_lm.py --sync zen
     mpirun -np 4 python examples/lstm_lm.py --small [--sync zen|horovod|horovod-dense] [--data FILE]
+    torchrun --nproc-per-node 4 examples/lstm_lm.py --ddp --small [--sync zen|ddp|ddp-dense]
 
 The model: a 100k x 1000 input embedding (sparse=True), an LSTM of 1000 units, and a sampled
 softmax over an output embedding (sparse=True): each rank scores its batch's targets against the
@@ -13,6 +14,9 @@ token, and each sequence a window of the text.
 The switch is in examples/common.py (make_optimizer):
     opt = horovod.torch.DistributedOptimizer(opt, named_parameters=...)   # --sync horovod
     opt = zen_hvd.DistributedOptimizer(opt, named_parameters=...)         # --sync zen
+and under torchrun with --ddp (make_ddp; no Horovod), on torch.nn.parallel.DistributedDataParallel:
+    model.register_comm_hook(zen_hvd.ddp.ZenState(), zen_hvd.ddp.zen_hook)  # --sync zen
+    (nothing)                                                              # --sync ddp
 which also explains the bytes per step the log prints.
 """
 from __future__ import annotations
@@ -78,7 +82,7 @@ def token_stream(args, rank):
 
 def train(args):
     """common.run's result for this model: samples_per_s, step_seconds (median), final_loss,
-    zen_bytes and horovod_bytes per timed step, losses, model."""
+    zen_bytes and peer_bytes per timed step, losses, model."""
     torch.manual_seed(args.seed)
     model = LSTMLM(args.vocab, args.embed, args.hidden)
     about = (f"batch {args.batch} x {args.seq_len}, vocab {args.vocab:,} x {args.embed}, "

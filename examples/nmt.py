@@ -1,8 +1,9 @@
-"""A sequence-to-sequence translation model with attention trained with Horovod, where Zen is a
-one-line switch.
+"""A sequence-to-sequence translation model with attention trained with Horovod or PyTorch DDP,
+where Zen is a one-line switch.
 
     horovodrun -np 4 -H localhost:4 python examples/nmt.py --sync zen
     mpirun -np 4 python examples/nmt.py --small [--sync zen|horovod|horovod-dense] [--src FILE --tgt FILE]
+    torchrun --nproc-per-node 4 examples/nmt.py --ddp --small [--sync zen|ddp|ddp-dense]
 
 The model: a GRU encoder and a GRU decoder (hidden 512, embeddings 512; --small: 128 and 128,
 vocabulary 30,000 instead of 50,000) with Luong's attention ("general" score h_t' W h_s over the
@@ -19,6 +20,9 @@ to --seq-len (the end-of-sentence token included).
 The switch is in examples/common.py (make_optimizer):
     opt = horovod.torch.DistributedOptimizer(opt, named_parameters=...)   # --sync horovod
     opt = zen_hvd.DistributedOptimizer(opt, named_parameters=...)         # --sync zen
+and under torchrun with --ddp (make_ddp; no Horovod), on torch.nn.parallel.DistributedDataParallel:
+    model.register_comm_hook(zen_hvd.ddp.ZenState(), zen_hvd.ddp.zen_hook)  # --sync zen
+    (nothing)                                                              # --sync ddp
 which also explains the bytes per step the log prints.
 """
 from __future__ import annotations
@@ -130,7 +134,7 @@ def pair_stream(args, rank):
 
 def train(args):
     """common.run's result for this model: samples_per_s, step_seconds (median), final_loss,
-    zen_bytes and horovod_bytes per timed step, losses, model."""
+    zen_bytes and peer_bytes per timed step, losses, model."""
     torch.manual_seed(args.seed)
     model = Seq2Seq(args.vocab, args.embed, args.hidden)
     about = (f"batch {args.batch} x {args.seq_len}, vocab {args.vocab:,} x {args.embed} per language, "

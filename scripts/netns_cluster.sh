@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # A bandwidth-bound cluster on one machine: N hosts in network namespaces joined by a bridge
-# (in its own namespace), every link rate-limited with tc tbf on both ends; Open MPI over TCP.
+# (in its own namespace), every link rate-limited with tc tbf on both ends; Open MPI or
+# torch.distributed's gloo over TCP.
 #
 #   scripts/netns_cluster.sh up N [RATE]          create zenh0..zenh{N-1} (default 1gbit)
 #   scripts/netns_cluster.sh down                 remove everything this script created
 #   scripts/netns_cluster.sh run N [RATE] -- CMD  up, mpirun -np N CMD across the hosts, down
 #                                                 (also on error or Ctrl-C: trap)
+#   scripts/netns_cluster.sh torchrun N [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]
+#                                                 up, one torchrun agent per host (one process
+#                                                 each) running SCRIPT or MODULE, down
 # Needs root. Addresses: a private subnet that exists only inside these namespaces.
 set -euo pipefail
 
@@ -80,10 +84,44 @@ run() {
     $envs --wdir "$PWD" "$@"
 }
 
+# One torchrun agent per host, all started in the background and waited for: host i is node
+# rank i of N, host 0's agent holds the rendezvous store. The hosts share one host name, so gloo
+# is pinned to each host's own link (GLOO_SOCKET_IFNAME). The first agent to fail ends the rest.
+torchrun_hosts() {
+  local n=$1; shift
+  local rate=1gbit
+  if [ $# -gt 0 ] && [ "$1" != "--" ]; then rate=$1; shift; fi
+  [ "${1:-}" = "--" ] && shift
+  local python=$1; shift
+  AGENTS=()
+  trap 'for pid in "${AGENTS[@]}"; do kill "$pid" 2>/dev/null || true; done; down' EXIT INT TERM
+  down
+  up "$n" "$rate"
+  # The hosts share this machine's cores: benchmarks size their thread pools by this.
+  export ZEN_HVD_RANKS_SHARING_CORES=$n
+  for ((i = 0; i < n; i++)); do
+    local ns; ns=$(host_ns $i)
+    ip netns exec "$ns" env GLOO_SOCKET_IFNAME="v$ns" "$python" -m torch.distributed.run \
+      --nnodes "$n" --node-rank "$i" --nproc-per-node 1 \
+      --master-addr "$(host_ip 0)" --master-port 29500 "$@" &
+    AGENTS+=($!)
+  done
+  local rc=0
+  for ((i = 0; i < n; i++)); do
+    if ! wait -n; then
+      rc=1
+      break
+    fi
+  done
+  return $rc
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   up) up "$@" ;;
   down) down ;;
   run) run "$@" ;;
-  *) echo "usage: $0 up N [RATE] | down | run N [RATE] -- CMD..." >&2; exit 2 ;;
+  torchrun) torchrun_hosts "$@" ;;
+  *) echo "usage: $0 up N [RATE] | down | run N [RATE] -- CMD... | torchrun N [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]" >&2
+     exit 2 ;;
 esac

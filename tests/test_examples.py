@@ -1,13 +1,14 @@
 """The examples (examples/): on 2 ranks, Zen and Horovod's dense allreduce train each model to
-the same parameters (tests/mpi/example_cases.py), and the data readers reject malformed input
-naming where it is."""
+the same parameters (tests/mpi/example_cases.py), as do Zen's DDP comm hook and DDP's own
+reduction under torchrun without Horovod; and the data readers reject malformed input naming
+where it is."""
 import importlib.util
 import os
 import re
 
 import pytest
 
-from conftest import HERE, mpirun
+from conftest import HERE, NO_HOROVOD, mpirun, torchrun
 
 EXAMPLES = os.path.join(HERE, "..", "examples")
 
@@ -25,6 +26,14 @@ def test_zen_and_horovod_dense_train_every_example_alike():
         assert f"{name}: zen and horovod-dense end with the same" in proc.stdout
     assert "gpt: DGC through auto and through agsparse end with the same" in proc.stdout
     assert "example_cases: all passed" in proc.stdout
+
+
+def test_zen_hook_and_ddp_train_every_example_alike_under_torchrun():
+    proc = torchrun(2, "example_cases.py", "--ddp", env=NO_HOROVOD, timeout=240)
+    for name in ("lstm_lm", "deepfm", "nmt", "gpt"):
+        assert f"{name}: DDP's zen hook and DDP's own reduction end with the same" in proc.stdout
+    assert "gpt: DDP's DGC hook through auto and through agsparse end with the same" in proc.stdout
+    assert "example_cases: all passed (DDP)" in proc.stdout
 
 
 def criteo_line(label="1", count="5", value="68fd1e64"):

@@ -20,13 +20,17 @@ Cost per sparse bucket: Zen's (eq. (1) or (2) of docs/algorithm.md) instead of t
 of every rank's rows DDP's reduction does, (n - 1) nnz rows per rank.
 
 DDP rebuilds its buckets after the first iteration (in the order gradients became ready), so
-DGC starts at iteration start_dgc_iter >= 1, once buckets are final, as PowerSGD's hook does;
-the residuals are kept per bucket index. At iterations 0 and 1 every rank compares its buckets'
-layout (sparse or dense, size, dtype) with the others' before the bucket's communication:
-ranks whose models differ raise the same TensorMismatchError, instead of mismatched
-collectives. ZenState pickles (as PowerSGDState does, without its process group) and has
-state_dict() / load_state_dict() for checkpoints: the iteration count and this rank's DGC
-residuals, so a checkpoint resumes exactly.
+DGC starts at iteration start_dgc_iter >= 1, once buckets are final, as PowerSGD's hook does.
+The residuals live per bucket, and move with each parameter when DDP rebuilds its buckets. At
+iterations 0 and 1 every rank compares its buckets' layout (sparse or dense, size, dtype, the
+parameters' shapes) with the others' before the bucket's communication: ranks whose models
+differ raise the same TensorMismatchError, instead of mismatched collectives. ZenState pickles
+(as PowerSGDState does, without its process group) and has state_dict() / load_state_dict()
+for checkpoints: the iteration count and this rank's DGC residuals per parameter, keyed by the
+parameter's place in DDP's first bucket order (the order any new DDP model of the same module
+starts with), so a checkpoint resumes exactly in a fresh model, before or after its rebuild.
+With scheme="auto" the resumed run profiles again and may pick another scheme for a while,
+which can change the float rounding of a sparse sum: a fixed scheme resumes bit for bit.
 """
 import math
 

@@ -2,15 +2,20 @@
 --sync zen and with --sync horovod-dense from the same seed, ends with the same parameters
 (float tolerance), and those parameters moved from their initial values. gpt trains with DGC:
 the same selections summed by balanced parallelism (auto) and by AGsparse end alike too.
+With --ddp (under torchrun, no Horovod), the same on PyTorch DDP: Zen's comm hook (--sync zen)
+against DDP's own reduction (--sync ddp: gloo's sparse allgather), and gpt's DGC through the
+hook by auto and by AGsparse.
 
     mpirun -np 2 python tests/mpi/example_cases.py [lstm_lm deepfm nmt gpt]
+    torchrun --nproc-per-node 2 tests/mpi/example_cases.py --ddp [lstm_lm deepfm nmt gpt]
 """
 import importlib.util
 import os
 import sys
 
-import horovod.torch as hvd
 import torch
+
+import zen_hvd
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 TINY = {"lstm_lm": ["--vocab", "2000", "--embed", "16", "--hidden", "16", "--batch", "4",
@@ -24,7 +29,11 @@ TINY = {"lstm_lm": ["--vocab", "2000", "--embed", "16", "--hidden", "16", "--bat
 PAIRS = {"gpt": [("zen and horovod-dense", ["--sync", "zen", "--dgc", "0"], ["--sync", "horovod-dense"]),
                  ("DGC through auto and through agsparse", ["--sync", "zen"],
                   ["--sync", "zen", "--scheme", "agsparse"])]}
+DDP_PAIRS = {"gpt": [("DDP's zen hook and DDP's own reduction", ["--sync", "zen", "--dgc", "0"], ["--sync", "ddp"]),
+                     ("DDP's DGC hook through auto and through agsparse", ["--sync", "zen"],
+                      ["--sync", "zen", "--scheme", "agsparse"])]}
 STEPS = ["--steps", "3", "--warmup", "1"]
+DDP = "--ddp" in sys.argv
 
 
 def load(name):
@@ -41,10 +50,11 @@ def parameters(example, argv):
 
 def check(name):
     example = load(name)
-    base = ["--small", "--no-progress", "--seed", "0", *TINY[name]]
+    base = ["--small", "--no-progress", "--seed", "0", *TINY[name]] + (["--ddp"] if DDP else [])
     initial = parameters(example, base + ["--steps", "0", "--warmup", "0"])
-    for label, first, second in PAIRS.get(name, [("zen and horovod-dense", ["--sync", "zen"],
-                                                  ["--sync", "horovod-dense"])]):
+    pairs = DDP_PAIRS.get(name, [("DDP's zen hook and DDP's own reduction", ["--sync", "zen"], ["--sync", "ddp"])]) \
+        if DDP else PAIRS.get(name, [("zen and horovod-dense", ["--sync", "zen"], ["--sync", "horovod-dense"])])
+    for label, first, second in pairs:
         same(name, label, initial, parameters(example, base + STEPS + first),
              parameters(example, base + STEPS + second))
 
@@ -58,12 +68,13 @@ def same(name, label, initial, zen, dense):
         assert not torch.equal(zen[key], initial[key]), f"{name}: {key} did not move"
     diff = max((zen[k] - dense[k]).abs().max().item() for k in zen)
     moved = min((zen[k] - initial[k]).abs().max().item() for k in zen)
-    if hvd.rank() == 0:
+    if zen_hvd.rank() == 0:
         print(f"{name}: {label} end with the same {len(zen)} parameters (largest difference "
               f"{diff:.2g}; every parameter moved, the least by {moved:.2g})", flush=True)
 
 
-for example_name in sys.argv[1:] or TINY:
+for example_name in [a for a in sys.argv[1:] if a != "--ddp"] or TINY:
     check(example_name)
-if hvd.rank() == 0:
-    print("example_cases: all passed", flush=True)
+assert not DDP or "horovod" not in sys.modules, "Horovod was imported under --ddp"
+if zen_hvd.rank() == 0:
+    print("example_cases: all passed" + (" (DDP)" if DDP else ""), flush=True)

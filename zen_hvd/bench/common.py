@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: launching under mpirun, timing syncs, gathering per-rank rows."""
+"""Shared benchmark plumbing: launching under mpirun or torchrun, timing syncs, gathering per-rank
+rows."""
 from __future__ import annotations
 
 import os
@@ -32,6 +33,20 @@ def launch_command(ranks: int, emulate: "str | None", command: list) -> list:
         return mpirun_command(ranks) + list(command)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
     return ["bash", os.path.abspath(script), "run", str(ranks), emulate, "--", *command]
+
+
+def torchrun_command(ranks: int, emulate: "str | None", python_args: list) -> list:
+    """`python_args` (a script and its arguments, or -m MODULE ...) under torchrun: `ranks`
+    local processes, or with `emulate` (a link rate such as 1gbit) one torchrun agent and
+    process per network namespace joined by tc-limited links (scripts/netns_cluster.sh
+    torchrun, which needs root)."""
+    if not emulate:
+        from ..mpi.torch_transport import free_port
+
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                "--master-port", str(free_port()), *python_args]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
+    return ["bash", os.path.abspath(script), "torchrun", str(ranks), emulate, "--", sys.executable, *python_args]
 
 
 class Progress:
@@ -70,14 +85,13 @@ SHARERS_VAR = "ZEN_HVD_RANKS_SHARING_CORES"
 def share_cores() -> None:
     """Give each rank its share of the machine's cores: several ranks on one machine, each with
     torch's default thread pool, oversubscribe the cores and time the spinning, not the sync.
-    The ranks sharing the cores are Horovod's local ranks, or ZEN_HVD_RANKS_SHARING_CORES where
-    Horovod cannot tell: the emulated cluster's hosts (scripts/netns_cluster.sh) are one rank
-    each to Horovod but share one machine (with 2 threads per rank there, 4 ranks on 2 cores
-    ran deepfm 10x slower)."""
+    The ranks sharing the cores are the runtime's local ranks (Horovod's, or torchrun's), or
+    ZEN_HVD_RANKS_SHARING_CORES where the runtime cannot tell: the emulated cluster's hosts
+    (scripts/netns_cluster.sh) are one rank each to the runtime but share one machine (with 2
+    threads per rank there, 4 ranks on 2 cores ran deepfm 10x slower)."""
     import torch
-    import horovod.torch as hvd
 
-    sharers = int(os.environ.get(SHARERS_VAR) or hvd.local_size())
+    sharers = int(os.environ.get(SHARERS_VAR) or runtime.local_size())
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, sharers)))
 
 

@@ -123,7 +123,7 @@ def measure(args, in_job=False):
                     continue
             else:
                 row, seconds = run_one(args, example, extra, os.path.join(tmp, f"{i}.csv"))
-            zen, horovod = float(row["zen_bytes_per_step"]), float(row["horovod_bytes_per_step"])
+            zen, horovod = float(row["zen_bytes_per_step"]), float(row["peer_bytes_per_step"])
             rows.append(dict(example=example, sync=label, samples_per_s=float(row["samples_per_s"]),
                              bytes_per_step=zen + horovod, zen_bytes_per_step=zen,
                              horovod_bytes_per_step=horovod, loss=float(row["loss"]), seconds=seconds))

@@ -80,20 +80,20 @@ def main():
     labels = {"zen": "Zen (zen_hvd.DistributedOptimizer)", "horovod-dense": "Horovod sparse_as_dense (5 steps)",
               "horovod": "Horovod sparse (allgather)"}
     for sync, r in results.items():
-        total = r["zen_bytes"] + r["horovod_bytes"]
+        total = r["zen_bytes"] + r["peer_bytes"]
         ms = statistics.median(step_times[sync]) * 1e3
         print(f"  {labels[sync]:<36}{r['samples_per_s']:>10.1f}{ms:>9.1f}{total:>18,.0f}{r['final_loss']:>14.6f}")
     write_csv(ours.out, [dict(sync=labels[sync], samples_per_s=r["samples_per_s"],
                               ms_per_step=statistics.median(step_times[sync]) * 1e3,
-                              bytes_per_step_per_rank=r["zen_bytes"] + r["horovod_bytes"],
+                              bytes_per_step_per_rank=r["zen_bytes"] + r["peer_bytes"],
                               final_loss=r["final_loss"]) for sync, r in results.items()])
     z = results["zen"]
     print(f"  Zen: {z['zen_bytes']:,.0f} B counted (sparse syncs, data + control) + "
-          f"{z['horovod_bytes']:,.0f} B computed (Horovod allreduce of the dense LSTM weights)")
+          f"{z['peer_bytes']:,.0f} B computed (Horovod allreduce of the dense LSTM weights)")
     losses = [results[s]["final_loss"] for s in ("zen", "horovod")]   # the same steps
     same = max(losses) - min(losses) <= 1e-4 * abs(losses[0])
-    zen_total = z["zen_bytes"] + z["horovod_bytes"]
-    fewer = all(zen_total < r["zen_bytes"] + r["horovod_bytes"] for s, r in results.items() if s != "zen")
+    zen_total = z["zen_bytes"] + z["peer_bytes"]
+    fewer = all(zen_total < r["zen_bytes"] + r["peer_bytes"] for s, r in results.items() if s != "zen")
     print(f"  Zen's and Horovod sparse's final losses equal (rel. 1e-4): {same}; Zen moves the fewest "
           f"bytes: {fewer}")
     if not (same and fewer):
