@@ -43,7 +43,7 @@ from .cuda_kernels import data_path as kernels
 from .cuda_kernels import h0, hierarchical_hashing
 from .header import COL, COUNTS, InvalidTensorError, check_table, names_gatherer
 from .units import INDEX_OUT_OF_RANGE, OK, sorted_unique
-from .wire import BITMAP, POSITIONS, index_dtype, pad8
+from .wire import BITMAP, POSITIONS, bitmap_holds, index_dtype, pad8, positions_in_range
 
 _MALFORMED = -1  # Pull tag of a server that received a Push part of the wrong size
 
@@ -123,11 +123,10 @@ class BalancedParallelism:
 
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
-        if malformed_push([p.size for p in parts], from_worker, H, isz, vsz):
+        pull = None if malformed_push([p.size for p in parts], from_worker, H, isz, vsz) else \
+            self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
+        if pull is None:   # every rank then raises, from the tag (pull_formats)
             pull = np.array([_MALFORMED], np.int64).view(np.uint8)
-        else:
-            pull = self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale,
-                                   scale, divisor)
 
         # 4. Pull (round 2): the aggregated values of every server land back to back
         bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
@@ -135,6 +134,7 @@ class BalancedParallelism:
         K, nbs = pull_formats(name, tags, [t.size for t in tails], M, n, isz, vsz)
 
         # 5. decode (pass 3: the values are already in place, scaled by their server)
+        check_pull(name, tails, tags, K, nbs, M, n, idt)
         B = h0.domain_bits(M)
         all_units = np.empty(sum(K), np.int64)
         start = 0
@@ -162,13 +162,16 @@ class BalancedParallelism:
     @staticmethod
     def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor):
         """The Pull buffer of server me: [values summed in rank order at their slots, then
-        scaled][pad to 8][hash bitmap or positions][int64 tag]."""
+        scaled][pad to 8][hash bitmap or positions][int64 tag]; None when a received position
+        lies outside I_me (a corrupt Push: the kernels would index with it)."""
         isz, vsz = idt.itemsize, D * vdtype.itemsize
         positions, values = [], []
         for b, k in zip(parts, from_worker):
             positions.append(b[H:H + k * isz].view(idt))
             v0 = H + pad8(k * isz)
             values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
+        if not all(positions_in_range(j, h0.server_size(M, n, me)) for j in positions):
+            return None
         nb_bitmap = bitmap_nbytes(M, n, me)
         if nb_bitmap > pad8(sum(j.size for j in positions) * isz):
             # Positions are fewer bytes than the bitmap even before duplicates merge: find the
@@ -242,6 +245,26 @@ def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
                 f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
         nbs.append(nb)
     return K, nbs
+
+
+def check_pull(name, tails, tags, K, nbs, M, n, idt) -> None:
+    """Raises InvalidTensorError (on every rank: all receive the same Pull messages) unless
+    every server's index part fits its tag: a bitmap with exactly K bits set and none past
+    |I_s|, or K positions within I_s. Checked before the decoders write one unit per entry."""
+    wrong = []
+    for s, (tail, t, k, nb) in enumerate(zip(tails, tags, K, nbs)):
+        bits = h0.server_size(M, n, s)
+        ok = bitmap_holds(tail[:nb].view(np.uint64), k, bits) if t & 1 == BITMAP else \
+            positions_in_range(tail[:k * idt.itemsize].view(idt), bits)
+        if not ok:
+            wrong.append(s)
+    if wrong:
+        raise InvalidTensorError(corrupt_pull(name, wrong))
+
+
+def corrupt_pull(name, servers) -> str:
+    return (f"zen_hvd: tensor {name!r}: the Pull message of servers {servers} holds units its tag "
+            "does not count, or positions out of its server's range (a corrupt message)")
 
 
 def bitmap_nbytes(M, n, s) -> int:

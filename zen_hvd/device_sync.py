@@ -38,8 +38,8 @@ import os
 import numpy as np
 import torch
 
-from .balanced import (_MALFORMED, _header_table, bitmap_nbytes, check_push, malformed_push,
-                       pull_body_nbytes, pull_formats, push_layout)
+from .balanced import (_MALFORMED, _header_table, bitmap_nbytes, check_push, corrupt_pull,
+                       malformed_push, pull_body_nbytes, pull_formats, push_layout)
 from .header import COL, COUNTS, InvalidTensorError, check_table, names_gatherer
 from .units import INDEX_OUT_OF_RANGE, OK
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
@@ -303,10 +303,7 @@ def _decode(name, tails, tags, K, nbs, keys, M, n, isz, idt, dev):
             for s, w in zip(bitmaps, counts[1 + len(bitmaps):]) if h0.server_size(M, n, s) % 64}
     if any(found[s] != K[s] for s in found) or any(past.values()) or int(counts[0].view(np.int64)[0]):
         wrong = [s for s in found if found[s] != K[s] or past.get(s)]
-        raise InvalidTensorError(
-            f"zen_hvd: tensor {name!r}: the Pull message of servers {wrong or 'of the positions format'} "
-            "holds units its tag does not count, or positions out of its server's range (a "
-            "corrupt message)")
+        raise InvalidTensorError(corrupt_pull(name, wrong or "of the positions format"))
     all_units = torch.empty(sum(K), dtype=torch.int64, device=dev)
     start = 0
     for s, (tail, k, nb) in enumerate(zip(tails, K, nbs)):

@@ -37,7 +37,7 @@ from .cuda_kernels import data_path, merge as kernels
 from .hash_bitmap import bitmap_nbytes
 from .header import InvalidTensorError
 from .units import widened
-from .wire import BITMAP, DENSE, POSITIONS, index_dtype, pad8
+from .wire import BITMAP, DENSE, POSITIONS, bitmap_holds, index_dtype, pad8, positions_in_range
 
 
 @dataclasses.dataclass
@@ -147,11 +147,17 @@ class RecursiveDoubling:
                 f"zen_hvd: tensor {name!r}: a hierarchy message of {buf.size} bytes does not match "
                 f"its tag {tag} (a peer sent a different tensor or a corrupt message)")
         units = None
+        index = buf[8:8 + nb]
+        if fmt == POSITIONS and not positions_in_range(index[:K * idt.itemsize].view(idt), M) or \
+                fmt == BITMAP and not bitmap_holds(index.view(np.uint64), K, M):
+            raise InvalidTensorError(
+                f"zen_hvd: tensor {name!r}: a hierarchy message holds units its tag does not count, "
+                "or positions out of range (a corrupt message)")
         if fmt == POSITIONS:
-            units = buf[8:8 + K * idt.itemsize].view(idt).astype(np.int64)
+            units = index[:K * idt.itemsize].view(idt).astype(np.int64)
         elif fmt == BITMAP:
             units = np.empty(K, np.int64)
-            data_path.bitmap_positions(buf[8:8 + nb].view(np.uint64), units)
+            data_path.bitmap_positions(index.view(np.uint64), units)
         values = buf[8 + nb:8 + nb + K * vsz].view(dtype).reshape(K, D)
         return UnitSet(units, values)
 

@@ -26,7 +26,7 @@ import numpy as np
 from .cuda_kernels import data_path as kernels
 from .header import COL, InvalidTensorError, check_table, names_gatherer
 from .units import INDEX_OUT_OF_RANGE, OK, sorted_unique
-from .wire import index_dtype, pad8
+from .wire import index_dtype, pad8, positions_in_range
 
 
 class OneShotCentralization:
@@ -74,6 +74,11 @@ class OneShotCentralization:
                 f"zen_hvd: tensor {name!r}: the messages of ranks {wrong} do not have the size "
                 "their header says (a peer sent a different tensor or a corrupt message)")
         positions = [p[H:H + c * isz].view(idt) for p, c in zip(parts, nnz)]
+        outside = [r for r, j in enumerate(positions) if not positions_in_range(j, M)]
+        if outside:   # every rank received the same messages, so every rank raises
+            raise InvalidTensorError(
+                f"zen_hvd: tensor {name!r}: the messages of ranks {outside} hold positions out of "
+                f"range for {M} units (a corrupt message)")
         values = [p[H + pad8(c * isz):H + pad8(c * isz) + c * vsz].view(vdtype).reshape(c, D)
                   for p, c in zip(parts, nnz)]
 

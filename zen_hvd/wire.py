@@ -60,3 +60,18 @@ def unpack(buf, ks, idx_dtype, W, dtype) -> list:
         out.append((idx, buf[off:off + k * vsz].view(dtype).reshape(k, W)))
         off += pad8(k * vsz)
     return out
+
+
+def positions_in_range(positions, bound: int) -> bool:
+    """Whether received positions (a peer's) all lie in [0, bound): checked before a kernel
+    indexes with them (numpy; the device path checks on the device, check_positions_kernel)."""
+    return positions.size == 0 or (int(positions.min()) >= 0 and int(positions.max()) < bound)
+
+
+def bitmap_holds(words: np.ndarray, count: int, nbits: int) -> bool:
+    """Whether a received bitmap (uint64 words over nbits bits) has exactly `count` bits set
+    and none at or past nbits: a decoder writes one unit per set bit into `count` slots."""
+    if int(np.bitwise_count(words).sum()) != count:
+        return False
+    tail = nbits % 64
+    return not (tail and words.size and int(words[-1]) >> tail)

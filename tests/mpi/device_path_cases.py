@@ -195,26 +195,29 @@ if n > 1:
             setattr(tr, method, clean)
 
 # A Push message of the right size whose positions lie outside the server's range (rank 1
-# rewrites the first position it sends rank 0): every rank raises instead of a kernel
-# indexing with it (on a GPU an illegal address would end the CUDA context).
+# rewrites the first position it sends rank 0): on either path every rank raises instead of a
+# kernel indexing with it (out of bounds on the host; on a GPU an illegal address would end
+# the CUDA context).
 if n > 1:
     def out_of_range(clean):
         def push(send, counts, control=0):
-            send = send.clone()
-            send[control:control + 4].view(torch.int32).fill_(2 ** 31 - 1)
+            send = send.copy() if isinstance(send, np.ndarray) else send.clone()
+            first = send[control:control + 4]
+            (first.view(np.int32) if isinstance(first, np.ndarray) else first.view(torch.int32))[:] = 2 ** 31 - 1
             return clean(send, counts, control)
         return push
 
-    clean = tr.push_device
-    tr.push_device = out_of_range(clean) if me == 1 else clean
-    try:
-        sync(torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 5, 8, 13]]), torch.ones(6, 2), (100, 2)).to(DEV),
-             "device")
-        raise AssertionError("device: positions out of range were not caught")
-    except InvalidTensorError as e:
-        assert "servers [0]" in str(e) and "does not match its header" in str(e), e
-    finally:
-        tr.push_device = clean
+    for path, method in (("host", "push"), ("device", "push_device")):
+        clean = getattr(tr, method)
+        setattr(tr, method, out_of_range(clean) if me == 1 else clean)
+        try:
+            sync(torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 5, 8, 13]]), torch.ones(6, 2), (100, 2)).to(DEV),
+                 path)
+            raise AssertionError(f"{path}: positions out of range were not caught")
+        except InvalidTensorError as e:
+            assert "servers [0]" in str(e) and "does not match its header" in str(e), e
+        finally:
+            setattr(tr, method, clean)
 
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
 bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)
