@@ -51,10 +51,13 @@ fi
 
 if [ "$simulate" = 1 ]; then
     export NUMBA_ENABLE_CUDASIM=1
-    kernels=(-k "simulator and not gpu_check") device=cpu examples=2 bench=(--simulate)
+    # (the suite runs every kernel test itself: here the data path's simulator cases suffice)
+    kernels=(tests/test_gpu_data_path.py -k "simulator and not gpu_check") device=cpu examples=2
+    bench=(--simulate)
 else
     export ZEN_HVD_REAL_GPU=1
-    kernels=(-k "(simulator or ptx) and not gpu_check") device=cuda examples=20 bench=()
+    kernels=(tests/test_kernels.py tests/test_gpu_data_path.py -k "(simulator or ptx) and not gpu_check")
+    device=cuda examples=20 bench=()
 fi
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 torchrun=("$PY" -m torch.distributed.run --nproc-per-node 2 --master-port "$("$PY" -c \
@@ -72,8 +75,8 @@ step() {   # step NAME CMD...: run, keep its output in a log, note pass or fail 
     rm -f "$log"
 }
 
-step "kernel tests (ptx and $([ $simulate = 1 ] && echo simulator || echo GPU))" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_gpu_data_path.py "${kernels[@]}"
+step "kernel tests ($([ $simulate = 1 ] && echo "simulator" || echo "GPU and PTX"))" \
+    "$PY" -m pytest -q -p no:cacheprovider "${kernels[@]}"
 step "device path, 2 ranks under torchrun, every device scheme" \
     "${torchrun[@]}" tests/mpi/device_path_cases.py --device "$device" --examples "$examples"
 step "DDP comm hook, 2 ranks under torchrun, $device tensors" \
