@@ -61,3 +61,26 @@ def test_import_without_horovod_and_its_names_say_why():
     assert proc.stdout.startswith("1 0")
     assert "zen_hvd.allgather is Horovod's allgather, and Horovod cannot be imported" in proc.stdout
     assert "zen_hvd.ddp.zen_hook" in proc.stdout
+
+
+def test_ddp_hook_says_which_bucket_it_cannot_handle():
+    import torch
+
+    from zen_hvd import ddp
+
+    class Bucket:   # what DDP hands a hook: a complex-valued bucket, which zen_hvd does not sum
+        def buffer(self):
+            return torch.zeros(4, dtype=torch.complex64)
+
+        def index(self):
+            return 3
+
+        def parameters(self):
+            return [torch.zeros(4, dtype=torch.complex64)]
+
+    with pytest.raises(TypeError, match="bucket 3 holds torch.complex64 gradients"):
+        ddp.zen_hook(ddp.ZenState(), Bucket())
+    with pytest.raises(ValueError, match="start_dgc_iter must be an integer >= 1"):
+        ddp.ZenState(dgc=0.1, start_dgc_iter=0)
+    with pytest.raises(TypeError, match="dgc must be None, a ratio"):
+        ddp.ZenState(dgc="5%")
