@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .mpi import select, stall
 from .mpi.select import launched_by_mpi
@@ -105,8 +106,6 @@ def init(*args, **kwargs):
 
 
 def _init_torch(method, rank, size):
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return None
     backend = "gloo"
@@ -128,8 +127,6 @@ def _init_torch(method, rank, size):
 def _shutdown_torch():
     """At exit, the groups zen_hvd made, then the default group zen_hvd.init() made: gloo's
     threads must not outlive the interpreter (one dropping a tensor then aborts the process)."""
-    import torch.distributed as dist
-
     reset()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -144,8 +141,6 @@ def _group_timeout() -> datetime.timedelta:
 
 def initialized() -> bool:
     """Whether a runtime is up (Horovod initialised, or torch.distributed)."""
-    import torch.distributed as dist
-
     return horovod() is not None or dist.is_available() and dist.is_initialized()
 
 
@@ -174,8 +169,6 @@ class Group:
             if ps is None:
                 return hvd.rank(), hvd.size()
             return (ps.rank() if ps.included() else -1), ps.size()
-        import torch.distributed as dist
-
         return dist.get_rank(self.handle), dist.get_world_size(self.handle)
 
     def members(self):
@@ -184,8 +177,6 @@ class Group:
             return None
         if self.runtime == "horovod":
             return sorted(self.handle.ranks) if self.handle.ranks is not None else None
-        import torch.distributed as dist
-
         return sorted(dist.get_process_group_ranks(self.handle))
 
     def local(self) -> tuple:
@@ -214,8 +205,6 @@ def group_of(process_set=None, process_group=None) -> Group:
     if process_set is not None:
         raise ValueError("process_set= is a Horovod process set, and Horovod is not running; "
                          "pass process_group= (a torch.distributed group)")
-    import torch.distributed as dist
-
     if process_group is None or process_group == dist.group.WORLD:
         return Group("torch", None, ("torch", None))
     return Group("torch", process_group, ("torch", tuple(dist.get_process_group_ranks(process_group))))
@@ -239,8 +228,6 @@ class State:
         once: apart from the application's groups, whose collectives may run meanwhile from
         another thread (DDP's). Only the group's ranks make it, and no rendezvous is needed."""
         if self._gloo is None:
-            import torch.distributed as dist
-
             self._gloo = dist.new_group(ranks=self.group.members(), backend="gloo",
                                         timeout=_group_timeout(), use_local_synchronization=True)
         return self._gloo
@@ -249,8 +236,6 @@ class State:
         for t in self.transports.values():
             t.close()
         if self._gloo is not None:
-            import torch.distributed as dist
-
             try:
                 dist.destroy_process_group(self._gloo)
             except (RuntimeError, ValueError, AssertionError):   # already gone with its peers
@@ -364,8 +349,6 @@ def agree_transport(name: str, state: State) -> None:
         stall.wait(lambda: hvd.poll(handle), policy, what, missing)
         codes = hvd.synchronize(handle).tolist()
     else:
-        import torch.distributed as dist
-
         out = torch.empty(group.world()[1], dtype=torch.int64)
         work = dist.all_gather_into_tensor(out, code, group=state.gloo(), async_op=True)
         stall.wait(work.is_completed, policy, what, missing)
