@@ -11,6 +11,20 @@ import time
 from .. import runtime
 
 
+def add_embedding_args(ap, repeats: int, rate: str) -> None:
+    """The options of a benchmark that syncs one Zipf embedding gradient (vs_horovod, vs_ddp):
+    ranks, link emulation (`rate`: an example), repeats, the table and its gradient, the CSV."""
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--emulate", default=None, help=f"link rate such as {rate}: namespaces + tc")
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--vocab", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--zipf", type=float, default=1.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="CSV file of the table printed")
+
+
 def mpirun_command(ranks: int) -> list:
     """mpirun for `ranks` local ranks, as every benchmark launches them:
       - each rank bound to one core, ranks wrapping over the cores when there are more ranks

@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 
+from .common import add_embedding_args
+
 METHODS = ("ddp-sparse", "ddp-dense", "ddp-zen")
 
 
@@ -49,19 +51,11 @@ def parse():
     import zen_hvd
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--emulate", default=None, help="link rate such as 250mbit: namespaces + tc")
-    ap.add_argument("--repeats", type=int, default=10)
+    add_embedding_args(ap, repeats=10, rate="250mbit")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (DDP rebuilds its buckets, "
                                                           "the hook checks layouts, auto profiles)")
     ap.add_argument("--scheme", choices=["auto", *zen_hvd.SCHEMES], default="auto")
-    ap.add_argument("--vocab", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="CSV file of the table printed")
     return ap.parse_args()
 
 
@@ -83,7 +77,7 @@ def child(args):
     import zen_hvd
     from zen_hvd import gradients
     from zen_hvd.bench.common import share_cores
-    from zen_hvd.bench.vs_horovod import zipf_tokens
+    from zen_hvd.bench.vs_horovod import rank_lookups
 
     zen_hvd.init()
     bind_local_rank()
@@ -91,8 +85,7 @@ def child(args):
     n, me = dist.get_world_size(), dist.get_rank()
     zen_hvd.set_seed(12345)
     V, D = args.vocab, args.dim
-    ids = torch.from_numpy(zipf_tokens(V, args.tokens, args.zipf, args.seed * 1000 + me))
-    w = torch.from_numpy(np.random.default_rng(me).standard_normal((args.tokens, D)).astype(np.float32))
+    ids, w = rank_lookups(args, me)
     rows = int(torch.unique(ids).numel())
 
     class Lookup(nn.Module):

@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from .common import add_embedding_args
+
 METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-uncoalesced", "zen-auto")
 
 
@@ -49,18 +51,10 @@ def _cpu():
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--emulate", default=None, help="link rate such as 1gbit: namespaces + tc")
-    ap.add_argument("--repeats", type=int, default=20)
+    add_embedding_args(ap, repeats=20, rate="1gbit")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--vocab", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--transport", default=None)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="CSV file of the table printed")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -71,6 +65,17 @@ def zipf_tokens(V, count, a, seed):
 
     p = 1.0 / np.arange(1, V + 1, dtype=np.float64) ** a
     return np.random.default_rng(seed).choice(V, size=count, p=p / p.sum())
+
+
+def rank_lookups(args, rank):
+    """This rank's --tokens Zipf ids and their gradient rows, [tokens, --dim] float32 (the
+    same in every benchmark that syncs the embedding gradient)."""
+    import numpy as np
+    import torch
+
+    ids = torch.from_numpy(zipf_tokens(args.vocab, args.tokens, args.zipf, args.seed * 1000 + rank))
+    rng = np.random.default_rng(rank)
+    return ids, torch.from_numpy(rng.standard_normal((args.tokens, args.dim)).astype(np.float32))
 
 
 def child(args):
@@ -88,8 +93,7 @@ def child(args):
     n, me = hvd.size(), hvd.rank()
     zen_hvd.set_seed(12345)
     V, D = args.vocab, args.dim
-    ids = torch.from_numpy(zipf_tokens(V, args.tokens, args.zipf, args.seed * 1000 + me))
-    values = torch.from_numpy(np.random.default_rng(me).standard_normal((args.tokens, D)).astype(np.float32))
+    ids, values = rank_lookups(args, me)
     grad = torch.sparse_coo_tensor(ids.reshape(1, -1), values, (V, D))   # uncoalesced, as nn.Embedding makes it
     rows = int(torch.unique(ids).numel())
 
