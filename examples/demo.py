@@ -1,7 +1,8 @@
 """The main demo: one embedding-sized row-sparse gradient, synchronized three ways.
 
-    scripts/demo.sh                       # 4 local ranks (sets everything up first)
-    mpirun -np 4 python examples/demo.py  # the same, once set up
+    scripts/demo.sh                                  # 4 local ranks (sets everything up first)
+    mpirun -np 4 python examples/demo.py             # the same, once set up
+    torchrun --nproc-per-node 4 examples/demo.py     # without Horovod: its peers are gloo's
 
 Each rank holds the gradient of a (rows x dim) embedding table for a batch of Zipf-distributed
 token ids (as in a language model), so ranks overlap on the hot rows. The gradient is summed
@@ -10,7 +11,9 @@ over ranks with
   - Horovod's dense allreduce (hvd.allreduce of the dense table; what sparse_as_dense=True does),
   - Horovod's sparse path (allgather of every rank's indices and values, then a local sum; what
     hvd.DistributedOptimizer does for sparse gradients),
-and the demo prints bytes received per rank, time per sync (median), and Zen's Push and Pull
+or, without Horovod (torchrun), torch.distributed's dense allreduce and gloo's sparse allreduce
+(DDP's own reduction of a sparse gradient: an allgather of every rank's coalesced rows), and
+the demo prints bytes received per rank, time per sync (median), and Zen's Push and Pull
 imbalance ratios. All three results are checked to be equal.
 """
 import argparse
@@ -32,10 +35,10 @@ ap.add_argument("--scheme", default="balanced", help="Zen scheme: balanced, hier
 args = ap.parse_args()
 
 zen_hvd.init()
-import horovod.torch as hvd  # noqa: E402
-
+hvd = zen_hvd.runtime.horovod()   # None under torchrun: the peers are torch.distributed's
 share_cores()
-n, me = hvd.size(), hvd.rank()
+n, me = zen_hvd.size(), zen_hvd.rank()
+PEER = "Horovod" if hvd is not None else "gloo"
 rng = np.random.default_rng([7, me])
 # A batch of Zipf-distributed token ids; the gradient has one row per distinct id.
 ids = np.minimum(rng.zipf(args.skew, size=args.tokens) - 1, args.rows - 1)
@@ -50,20 +53,28 @@ def zen():
     return zen_hvd.sparse_allreduce(grad, name="demo.embedding", op=zen_hvd.Sum, scheme=args.scheme)
 
 
-def horovod_dense():
+def peer_dense():
+    if hvd is None:
+        out = dense.clone()
+        torch.distributed.all_reduce(out)
+        return out
     return hvd.allreduce(dense, name="demo.dense", op=hvd.Sum)
 
 
-def horovod_allgather():
+def peer_allgather():
     g = grad.coalesce()
+    if hvd is None:   # gloo's sparse allreduce: an allgather of every rank's coalesced rows
+        out = g.clone()
+        torch.distributed.all_reduce(out)
+        return out.coalesce()
     idx = hvd.allgather(g.indices().t().contiguous(), name="demo.ag.idx")
     val = hvd.allgather(g.values(), name="demo.ag.val")
     return torch.sparse_coo_tensor(idx.t(), val, g.shape, check_invariants=True).coalesce()
 
 
-results = {"Zen": zen(), "Horovod dense allreduce": horovod_dense(),
-           "Horovod sparse allgather": horovod_allgather()}
-ref = results["Horovod dense allreduce"]
+DENSE, SPARSE = f"{PEER} dense allreduce", f"{PEER} sparse allgather"
+results = {"Zen": zen(), DENSE: peer_dense(), SPARSE: peer_allgather()}
+ref = results[DENSE]
 for label, out in results.items():
     assert torch.allclose(out.to_dense(), ref, atol=1e-5), f"{label} disagrees with dense allreduce"
 
@@ -71,8 +82,8 @@ for label, out in results.items():
 # deliver to a rank (ring allreduce: 2 (n-1)/n of the table; allgather: the others' parts).
 t_zen, zen_bytes, _ = time_calls(zen, args.repeats)
 info = dict(zen_hvd.last_sync)  # a snapshot: last_sync changes with every sync
-t_dense, _, _ = time_calls(horovod_dense, args.repeats)
-t_ag, _, _ = time_calls(horovod_allgather, args.repeats)
+t_dense, _, _ = time_calls(peer_dense, args.repeats)
+t_ag, _, _ = time_calls(peer_allgather, args.repeats)
 g = grad.coalesce()
 my_ag_bytes = g.indices().numel() * 8 + g.values().numel() * 4
 rows = gather([t_zen, zen_bytes, t_dense, t_ag, my_ag_bytes, g.indices().shape[1]])
@@ -87,8 +98,8 @@ if me == 0:
     print(f"{'scheme':28s} {'bytes received per rank (max)':>30s} {'time per sync (median, ms)':>28s}")
     print(f"{'Zen (' + info['scheme'] + ')':28s} {human_bytes(max(r[1] for r in rows)):>30s} "
           f"{max(r[0] for r in rows) * 1e3:>28.2f}")
-    print(f"{'Horovod dense allreduce':28s} {human_bytes(dense_bytes):>30s} {max(r[2] for r in rows) * 1e3:>28.2f}")
-    print(f"{'Horovod sparse allgather':28s} {human_bytes(max(ag_bytes)):>30s} {max(r[3] for r in rows) * 1e3:>28.2f}")
+    print(f"{DENSE:28s} {human_bytes(dense_bytes):>30s} {max(r[2] for r in rows) * 1e3:>28.2f}")
+    print(f"{SPARSE:28s} {human_bytes(max(ag_bytes)):>30s} {max(r[3] for r in rows) * 1e3:>28.2f}")
     if "push_counts" in info:
         print(f"Zen imbalance ratios: Push {stats.push_imbalance(info['push_counts']):.3f}, "
               f"Pull {stats.pull_imbalance(info['pull_counts']):.3f} (1.0 is perfect balance)")

@@ -84,3 +84,17 @@ def test_ddp_hook_says_which_bucket_it_cannot_handle():
         ddp.ZenState(dgc=0.1, start_dgc_iter=0)
     with pytest.raises(TypeError, match="dgc must be None, a ratio"):
         ddp.ZenState(dgc="5%")
+
+
+def test_demo_under_torchrun_without_horovod():
+    import os
+    import sys
+
+    from conftest import HERE, _run, _free_port
+
+    demo = os.path.join(HERE, "..", "examples", "demo.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), demo, "--rows", "20000", "--tokens", "2000", "--repeats", "2"]
+    proc = _run(cmd, dict(os.environ, OMP_NUM_THREADS="1", **NO_HOROVOD), 300)
+    assert "gloo sparse allgather" in proc.stdout
+    assert "All three results are equal" in proc.stdout

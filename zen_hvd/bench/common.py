@@ -110,9 +110,14 @@ def share_cores() -> None:
 
 
 def barrier() -> None:
-    import horovod.torch as hvd
+    """All ranks meet (Horovod's barrier where Horovod runs, else torch.distributed's)."""
+    hvd = runtime.horovod()
+    if hvd is not None:
+        hvd.barrier()
+    else:
+        import torch.distributed as dist
 
-    hvd.barrier()
+        dist.barrier()
 
 
 def time_calls(fn, repeats: int, warmup: int = 2):
@@ -133,12 +138,19 @@ def time_calls(fn, repeats: int, warmup: int = 2):
 
 def gather(values) -> "list[list[float]]":
     """Every rank's row of numbers (float64), on every rank."""
-    import numpy as np
     import torch
-    import horovod.torch as hvd
 
     row = torch.tensor([list(map(float, values))], dtype=torch.float64)
-    return hvd.allgather(row).numpy().tolist() if hvd.size() > 1 else row.numpy().tolist()
+    hvd = runtime.horovod()
+    if runtime.size() == 1:
+        return row.numpy().tolist()
+    if hvd is not None:
+        return hvd.allgather(row).numpy().tolist()
+    import torch.distributed as dist
+
+    rows = [torch.empty_like(row) for _ in range(runtime.size())]
+    dist.all_gather(rows, row)
+    return torch.cat(rows).numpy().tolist()
 
 
 def reproduce(module: str) -> str:
