@@ -22,12 +22,13 @@ message's body and tail go as two sends, so the body lands straight in its place
 others. ZEN_HVD_DEVICE_BUFFERS=1 runs this sized protocol over gloo on CPU tensors as well (how
 the suite tests it without a GPU).
 
-Every wait polls its requests under the stall policy (stall.py): after the check time a
-warning, after the shutdown time StallError, both naming the tensor and the ranks not heard
-from. A failed wait (a peer closed or reset its connection: it died or exited) raises naming
-that rank: HorovodInternalError where Horovod runs, as Horovod's own collectives do when a peer
-is lost (elastic Horovod, zen_hvd.elastic.run, then resets and rebuilds the transport), else
-zen_hvd.PeerLostError; elsewhere the error ends the job.
+Every wait ends at the group's timeout, the stall shutdown time (stall.py): gloo's
+point-to-point works complete only in wait(), so there is no earlier warning. A wait that timed
+out raises StallError (the peer is alive but does not send: stuck, or out of step); a failed
+wait (a peer closed or reset its connection: it died or exited) raises PeerLostError; both
+name the tensor and the rank. Where Horovod runs, either is also Horovod's HorovodInternalError,
+as Horovod's own collectives raise when a peer is lost or the job stalls: elastic Horovod
+(zen_hvd.elastic.run) then resets and rebuilds the transport; elsewhere the error ends the job.
 """
 from __future__ import annotations
 
@@ -55,15 +56,21 @@ log = logging.getLogger("zen_hvd")
 
 
 
-def peer_lost(message: str) -> Exception:
-    """The error of a sync that lost a peer: Horovod's HorovodInternalError where Horovod runs
-    (elastic Horovod resets and carries on after it), else zen_hvd's PeerLostError."""
+def peer_error(message: str, kind: type = stall.PeerLostError) -> Exception:
+    """The error of a sync that lost a peer (PeerLostError) or timed out waiting on one
+    (StallError); where Horovod runs, also Horovod's HorovodInternalError, after which elastic
+    Horovod resets and carries on."""
     hvd = sys.modules.get("horovod.torch")
     if hvd is not None and hvd.is_initialized():
-        from horovod.common.exceptions import HorovodInternalError
+        return _with_horovod(kind)(message)
+    return kind(message)
 
-        return HorovodInternalError(message)
-    return stall.PeerLostError(message)
+
+@functools.cache
+def _with_horovod(kind: type) -> type:
+    from horovod.common.exceptions import HorovodInternalError
+
+    return type(kind.__name__, (kind, HorovodInternalError), {"__module__": kind.__module__})
 
 
 # A process that ends leaves a note in torch.distributed's store (the default group's) with its
@@ -99,17 +106,17 @@ def departed(members) -> "str | None":
 
 
 def _peer_loss(method):
-    """A RuntimeError of a gloo collective inside `method` -> peer_lost naming the tensor; the
+    """A RuntimeError of a gloo collective inside `method` -> peer_error naming the tensor; the
     transport is marked broken so the next sync builds a new one."""
     @functools.wraps(method)
     def wrapper(self, *args):
         try:
             return method(self, *args)
         except RuntimeError as e:
-            if isinstance(e, (stall.StallError, stall.PeerLostError)) or type(e).__name__ == "HorovodInternalError":
+            if isinstance(e, stall.StallError):
                 raise
             self.broken = True
-            raise peer_lost(f"zen_hvd: tensor {self.activity!r}: transport 'torch' lost a peer ({e})") from e
+            raise peer_error(f"zen_hvd: tensor {self.activity!r}: transport 'torch' lost a peer ({e})") from e
     return wrapper
 
 
@@ -270,7 +277,7 @@ class TorchTransport(Transport):
         """Wait for (peer, work) pairs. gloo's point-to-point works complete only in wait(),
         which ends at the group's timeout (the stall shutdown time); a work that fails raises
         naming its peer: StallError when it timed out (the peer is alive but does not send:
-        out of step, or stuck), else peer_lost (the peer closed or reset its connection: it
+        out of step, or stuck), else PeerLostError (the peer closed or reset its connection: it
         died or exited)."""
         for peer, work in pending:
             try:
@@ -278,12 +285,12 @@ class TorchTransport(Transport):
             except RuntimeError as e:
                 self.broken = True
                 if "timed out" in str(e).lower() or "timeout" in str(e).lower():
-                    raise stall.StallError(
+                    raise peer_error(
                         f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the "
                         "stall shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, "
-                        f"or the ranks are out of step ({e})") from e
+                        f"or the ranks are out of step ({e})", stall.StallError) from e
                 left = departed(self._global)
-                raise peer_lost(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
+                raise peer_error(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
                                 + (f"{left} (this rank is in sync {self.syncs})" if left else
                                    f"it died or exited ({e})")) from e
 
