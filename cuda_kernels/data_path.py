@@ -11,8 +11,8 @@
 Everything else touches indices only. Values are addressed through flat typed views of the
 byte buffers (element offsets), so the kernels serve every dtype numba computes with.
 
-Bitmaps are uint64 words: bit j is word j >> 6, bit j & 63 (on a little-endian machine the same
-bytes as hash_bitmap.py's byte layout).
+Bitmaps are uint64 words: bit j is word j >> 6, bit j & 63 (on a little-endian machine, bit
+j & 7 of byte j >> 3).
 """
 import numba
 import numpy as np

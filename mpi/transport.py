@@ -123,14 +123,26 @@ class Transport:
         self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel())
         return out, recv_counts
 
-    def push(self, send: np.ndarray, send_counts, control: int = 0) -> list:
+    def push(self, send, send_counts, control: int = 0) -> list:
         """Part r of `send` (send_counts[r] bytes) goes to rank r. Returns the n parts received
-        (part `rank` is this rank's own slice of `send`), rank-major, sizes from the messages."""
+        (part `rank` is this rank's own slice of `send`), rank-major, sizes from the messages.
+        `send` is a uint8 numpy buffer, or a flat uint8 torch tensor on any device (the device
+        data path): then the parts are tensors on its device, moved there by the transport
+        (_push_device) or staged through host memory."""
         send_counts = [int(c) for c in send_counts]
-        assert send.dtype == np.uint8 and send.size == sum(send_counts)
-        parts = self._push(send, send_counts)
-        self._count(sum(send_counts) - send_counts[self.rank],
-                    sum(p.size for p in parts) - parts[self.rank].size, control)
+        if isinstance(send, torch.Tensor):
+            assert send.dtype == torch.uint8
+            if self.size == 1:
+                return [send]
+            if not self.moves_device_memory(send.device):
+                return [as_tensor(p).to(send.device) for p in self.push(send.cpu().numpy(), send_counts, control)]
+            parts = self._push_device(send, send_counts)
+            nbytes = [p.numel() for p in parts]
+        else:
+            assert send.dtype == np.uint8 and send.size == sum(send_counts)
+            parts = self._push(send, send_counts)
+            nbytes = [p.size for p in parts]
+        self._count(sum(send_counts) - send_counts[self.rank], sum(nbytes) - nbytes[self.rank], control)
         return parts
 
     def pull(self, send: np.ndarray, control: int = 0) -> list:
@@ -156,72 +168,38 @@ class Transport:
         parts[self.rank] = send
         return parts
 
-    def pull_joined(self, send: np.ndarray, body_nbytes, control: int = 0):
+    def pull_joined(self, send, body_nbytes, control: int = 0):
         """A pull of messages [body][pad to 8][tail], the tail ending in an int64 from which
         body_nbytes(that int64) gives the body's length. Returns (bodies, tails): one uint8
         buffer holding every rank's body in rank order, and each rank's tail (from the next
         multiple of 8 after its body). A message too short for its int64, or whose body would
         not fit, comes back whole as its tail with an empty body (the caller's size checks
         then name it). Here: a pull, then the bodies copied together; transports that can
-        receive in place override _pull_joined."""
-        assert send.dtype == np.uint8
+        receive in place override _pull_joined. `send` is a uint8 numpy buffer or torch tensor
+        (as in push: then bodies and tails are tensors on its device)."""
         if self.size == 1:
-            got = joined([send], body_nbytes)
-        else:
-            got, received = self._pull_joined(send, body_nbytes)
-            self._count(send.size * (self.size - 1), received, control)
+            return joined([send], body_nbytes)
+        if isinstance(send, torch.Tensor):
+            assert send.dtype == torch.uint8
+            if not self.moves_device_memory(send.device):
+                bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
+                return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
+            got, received = self._pull_joined_device(send, body_nbytes)
+            self._count(send.numel() * (self.size - 1), received, control)
+            return got
+        assert send.dtype == np.uint8
+        got, received = self._pull_joined(send, body_nbytes)
+        self._count(send.size * (self.size - 1), received, control)
         return got
 
     def _pull_joined(self, send, body_nbytes):
         parts = self._pull(send)
         return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
 
-    # -- device buffers (the device data path, zen_hvd/device_sync.py) -------------------
-    def push_device(self, send: torch.Tensor, send_counts, control: int = 0) -> list:
-        """push of a flat uint8 torch tensor on any device: the n parts received, as tensors
-        on send's device. Here staged through host memory (a CPU tensor is not copied);
-        transports that move device memory override _push_device."""
-        assert send.dtype == torch.uint8
-        if self.size == 1:
-            return [send]
-        if self.moves_device_memory(send.device):
-            send_counts = [int(c) for c in send_counts]
-            parts = self._push_device(send, send_counts)
-            self._count(sum(send_counts) - send_counts[self.rank],
-                        sum(p.numel() for p in parts) - parts[self.rank].numel(), control)
-            return parts
-        parts = self.push(send.cpu().numpy(), send_counts, control)
-        return [as_tensor(p).to(send.device) for p in parts]
-
-    def pull_joined_device(self, send: torch.Tensor, body_nbytes, control: int = 0):
-        """pull_joined of a flat uint8 torch tensor on any device: (bodies, tails) as tensors
-        on send's device, staged through host memory unless the transport moves device
-        memory (_pull_joined_device)."""
-        assert send.dtype == torch.uint8
-        if self.size == 1:
-            return joined([send], body_nbytes)
-        if self.moves_device_memory(send.device):
-            got, received = self._pull_joined_device(send, body_nbytes)
-            self._count(send.numel() * (self.size - 1), received, control)
-            return got
-        bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
-        return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
-
-    def swap_device(self, send, peer, receive: bool, device):
-        """swap of a flat uint8 torch tensor (or None) on `device`: the message `peer` sent
-        this rank as a tensor on `device` (if receive), else None. Staged through host memory
-        unless the transport moves device memory (_swap_device)."""
-        if self.moves_device_memory(device):
-            got = self._swap_device(send, peer, receive, device)
-            self.stats.add(0 if send is None or peer is None else send.numel(),
-                           0 if got is None else got.numel())
-            return got
-        got = self.swap(None if send is None else send.cpu().numpy(), peer, receive)
-        return None if got is None else as_tensor(got).to(device)
-
+    # -- device buffers (the device data path, zen_hvd/device.py) ------------------------
     def moves_device_memory(self, device) -> bool:
         """Whether this transport sends and receives the device path's buffers on `device`
-        itself (_push_device and _pull_joined_device) rather than through host copies: CUDA
+        itself (_push_device, _pull_joined_device, _swap_device) rather than through host copies: CUDA
         buffers when the transport can move them (moves_cuda); CPU buffers when
         ZEN_HVD_DEVICE_BUFFERS=1, which runs the same route on the CUDA simulator's CPU
         tensors (how the suite tests it without a GPU)."""
@@ -279,11 +257,21 @@ class Transport:
         parts = self._push(send if send is not None else np.zeros(0, np.uint8), counts)
         return parts[peer] if receive and peer is not None else None
 
-    def swap(self, send, peer, receive: bool = True):
+    def swap(self, send, peer, receive: bool = True, device=None):
         """One point-to-point step of a hierarchy: `send` (uint8 numpy, or None) goes to
         `peer`; returns the message `peer` sent this rank (if receive), its size carried by
         the message, else None. peer None: this rank sits the step out. Every rank of the set
-        calls it at the same step."""
+        calls it at the same step. With `device` (the device data path) `send` is a uint8
+        tensor there (or None) and so is the message returned, moved by the transport
+        (_swap_device) or staged through host memory."""
+        if device is not None and self.moves_device_memory(device):
+            got = self._swap_device(send, peer, receive, device)
+            self.stats.add(0 if send is None or peer is None else send.numel(),
+                           0 if got is None else got.numel())
+            return got
+        if device is not None:
+            got = self.swap(None if send is None else send.cpu().numpy(), peer, receive)
+            return None if got is None else as_tensor(got).to(device)
         assert send is None or send.dtype == np.uint8
         got = self._swap(send, peer, receive)
         self.stats.add(0 if send is None or peer is None else send.size, 0 if got is None else got.size)

@@ -135,15 +135,15 @@ for vdt, scale, divisor in [(np.float32, 1.0, 0), (np.float64, 0.25, 0), (np.int
     launch_rows(gpu.scatter_kernel, 30, 2, d_out, cuda.to_device(rows), d_acc)
     same(f"scatter {vdt.__name__}", d_out.copy_to_host(), out)
 
-# ---- the device pipeline (zen_hvd.bench.gpu.device_sync), n workers, against a float64 sum ----
-from zen_hvd.bench.gpu import device_sync
+# ---- the device pipeline (zen_hvd.bench.gpu.kernel_pipeline), n workers, against a float64 sum ----
+from zen_hvd.bench.gpu import kernel_pipeline
 M, n, D = 3000, 3, 2
 inputs = [np.sort(rng.choice(M, 200, replace=False)).astype(np.int64) for _ in range(n)]
 vals = [rng.standard_normal((200, D)).astype(np.float32) for _ in range(n)]
 ref = np.zeros((M, D))
 for u, v in zip(inputs, vals):
     ref[u] += v
-out = device_sync(inputs, vals, M, seed=99).copy_to_host()
+out = kernel_pipeline(inputs, vals, M, seed=99).copy_to_host()
 assert np.allclose(out, ref / n, atol=1e-6), "device pipeline: wrong average"
 assert np.array_equal(out != 0, ref != 0), "device pipeline: rows lost or invented"
 checked.append("pipeline")
@@ -563,4 +563,4 @@ def test_gpu_check_runs_in_simulator(tmp_path):
         assert f"sync step: {step}" in table, table
     # zen_hvd's own device path, every step timed, against the host path's result
     for step in ("partition", "pack", "Push", "header check", "aggregate", "Pull", "decode", "scatter"):
-        assert f"device_sync step: {step}" in table, table
+        assert f"device path step: {step}" in table, table

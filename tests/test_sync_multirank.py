@@ -37,7 +37,7 @@ def test_gpu_partitioner_in_real_syncs_under_cuda_simulator():
 
 
 def test_device_data_path_under_cuda_simulator():
-    # Every step of a balanced sync as a device kernel (zen_hvd/device_sync.py), simulated on
+    # Every step of a balanced sync as a device kernel (balanced.py on backend.Device), simulated on
     # CPU tensors, against the host path bit for bit and a float64 sum.
     proc = mpirun(3, "device_path_cases.py", "--examples", 6, env={"NUMBA_ENABLE_CUDASIM": "1"})
     assert "all cases passed" in proc.stdout

@@ -1,37 +1,23 @@
-"""Single-process tests of the pieces under the sync: units, hash bitmap, header checks."""
+"""Single-process tests of the pieces under the sync: units, header checks."""
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zen_hvd import hash_bitmap, header, stats, units
-
-
-@settings(max_examples=200, deadline=None)
-@given(nbits=st.integers(0, 2000), data=st.data())
-def test_bitmap_round_trip_and_rank(nbits, data):
-    pos = np.array(data.draw(st.lists(st.integers(0, max(nbits - 1, 0)), max_size=300)) if nbits else [],
-                   dtype=np.int64)
-    bitmap = hash_bitmap.encode(pos, nbits)
-    assert bitmap.nbytes == hash_bitmap.bitmap_nbytes(nbits) and bitmap.nbytes % 8 == 0
-    expected = np.unique(pos)
-    np.testing.assert_array_equal(hash_bitmap.decode(bitmap), expected)
-    # little-endian bit order, as numpy's unpackbits(bitorder="little") reads it
-    np.testing.assert_array_equal(np.flatnonzero(np.unpackbits(bitmap, bitorder="little")), expected)
-    np.testing.assert_array_equal(hash_bitmap.rank_in_bitmap(bitmap, pos), np.searchsorted(expected, pos))
+from zen_hvd import header, stats, units
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 2 ** 40), unique=True, max_size=500))
-def test_ascending_order_is_argsort(values):
+def testascending_order_is_argsort(values):
     u = np.array(values, dtype=np.int64)
-    np.testing.assert_array_equal(units._ascending_order(u), np.argsort(u, kind="stable"))
+    np.testing.assert_array_equal(units.ascending_order(u), np.argsort(u, kind="stable"))
 
 
 def test_large_units_fall_back_to_argsort():
     u = np.array([2 ** 62 - 1, 5, 2 ** 61], dtype=np.int64)
-    np.testing.assert_array_equal(units._ascending_order(u), [1, 2, 0])
+    np.testing.assert_array_equal(units.ascending_order(u), [1, 2, 0])
 
 
 @pytest.mark.parametrize("make, sparse_dim, M, D", [
@@ -54,8 +40,9 @@ def test_units_round_trip_sums_duplicates_and_keeps_nan():
     u, v, err, _ = units.to_units(t, lay)
     assert err == units.OK and u.tolist() == [1, 4]
     assert torch.equal(v[0], torch.tensor([3.0, 4])) and v[1, 0] == 6 and torch.isnan(v[1, 1])
-    back = units.from_units(lay, u[::-1].copy(), v.flip(0))
+    back = units.sparse_result(lay, u, v)
     assert back.is_coalesced() and torch.allclose(back.to_dense(), t.to_dense(), equal_nan=True)
+    assert not units.sparse_result(lay, u[::-1].copy(), v.flip(0)).is_coalesced()
     dense = torch.zeros(5, 3)
     dense[2, 1] = float("inf")
     u, v, _, _ = units.to_units(dense, units.layout_of(dense))

@@ -11,7 +11,7 @@ from .mpi.stall import PeerLeftError, PeerLostError, StallError  # noqa: F401
 from .ops import Average, Sum  # noqa: F401  (Horovod's op codes: hvd.Sum works as well)
 from .runtime import (comm_stats, init, local_rank, local_size, rank, reset_comm_stats,  # noqa: F401
                       set_seed, size)
-from .sync import SCHEMES, last_sync, sparse_allreduce  # noqa: F401
+from .sync import SCHEMES, last_sync, sparse_allreduce, sparse_allreduce_async  # noqa: F401
 from .dgc import DGC, Compression  # noqa: F401  (Horovod's choices plus dgc)
 from .auto import scheme_choices  # noqa: F401
 from . import ddp  # noqa: F401
@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 
 # Horovod's PyTorch API, so that `import zen_hvd as hvd` runs a Horovod script unchanged: each
 # name is Horovod's own, imported at first use (PEP 562). init, rank, size, local_rank,
-# local_size, DistributedOptimizer and elastic (whose reset also rebuilds Zen's state) are
-# zen_hvd's own.
+# local_size, sparse_allreduce_async, DistributedOptimizer and elastic (whose reset also
+# rebuilds Zen's state) are zen_hvd's own.
 _HOROVOD = frozenset("""
     Adasum HorovodInternalError Max Min ProcessSet Product SyncBatchNorm add_process_set allgather
     allgather_async allgather_object allreduce allreduce_ allreduce_async allreduce_async_
@@ -31,7 +31,7 @@ _HOROVOD = frozenset("""
     grouped_allgather_async grouped_allreduce grouped_allreduce_ grouped_allreduce_async
     grouped_allreduce_async_ grouped_reducescatter grouped_reducescatter_async is_initialized
     join mpi_built mpi_enabled mpi_threads_supported nccl_built poll reducescatter
-    reducescatter_async remove_process_set rocm_built shutdown sparse_allreduce_async
+    reducescatter_async remove_process_set rocm_built shutdown
     start_timeline stop_timeline synchronize""".split())
 
 

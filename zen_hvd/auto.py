@@ -43,7 +43,7 @@ from . import costmodel
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
 CANDIDATES = ("balanced", "hierarchical", "allreduce", "agsparse")
-# The schemes with a device path (device_sync.py, device_hierarchy.py): a tensor kept on its
+# The schemes with a device path (backend.Device, device_hierarchy.py): a tensor kept on its
 # device is not copied to the host for another.
 DEVICE_CANDIDATES = ("balanced", "hierarchical")
 DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores

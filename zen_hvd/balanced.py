@@ -35,70 +35,65 @@ at most M (n-1) / (8 n) bitmap bytes.
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 
 import numpy as np
 
-from .cuda_kernels import data_path as kernels
-from .cuda_kernels import h0, hierarchical_hashing
-from .header import COL, COUNTS, InvalidTensorError, check_table, names_gatherer
-from .units import INDEX_OUT_OF_RANGE, OK, sorted_unique
-from .wire import BITMAP, POSITIONS, bitmap_holds, index_dtype, pad8, positions_in_range
+from .cuda_kernels import h0
+from .header import COL, COUNTS, InvalidTensorError, check_table, header_nbytes, names_gatherer
+from .units import INDEX_OUT_OF_RANGE, OK
+from .wire import BITMAP, POSITIONS, index_dtype, pad8
 
 _MALFORMED = -1  # Pull tag of a server that received a Push part of the wrong size
 
 
-def partitioner(layout) -> str:
-    """"gpu" (hierarchical hashing kernel) or "cpu" (fused h0 + counting placement):
-    ZEN_HVD_PARTITIONER if set, else where the tensor lives. Both give the same units per
-    server."""
-    choice = os.environ.get("ZEN_HVD_PARTITIONER") or ("gpu" if layout.device_type == "cuda" else "cpu")
-    if choice not in ("gpu", "cpu"):
-        raise ValueError(f"ZEN_HVD_PARTITIONER must be 'gpu' or 'cpu', not {choice!r}")
-    return choice
+@dataclasses.dataclass
+class Servers:
+    """h0's partition of M units over n servers: server s holds I_s, size(s) positions j;
+    keys: h0's round keys (the same on every rank)."""
 
+    M: int
+    n: int
+    keys: np.ndarray
 
-def _partition(src, layout, n, seed, rank, keys):
-    """(part, local, pos, counts, bad) per input entry, as kernels.partition returns them."""
-    M = layout.num_units
-    if partitioner(layout) == "cpu":
-        return kernels.partition(src.units, M, h0.domain_bits(M), n, keys, src.unique)
-    # Algorithm 1 on the GPU (or the CUDA simulator); it takes unique units in range.
-    units = src.units
-    if units.size and (units.min() < 0 or units.max() >= M):
-        bad = int(np.flatnonzero((units < 0) | (units >= M))[0])
-        return None, None, None, np.zeros(n, np.int64), bad
-    uniq, inverse = (units, None) if src.unique else np.unique(units, return_inverse=True)
-    order, counts, pos = hierarchical_hashing.group_by_partition_gpu(
-        uniq, M, n, keys, h0.second_level_seeds(seed, rank, 3))
-    starts = np.cumsum(counts) - counts
-    server = np.repeat(np.arange(n), counts)
-    part, local, upos = (np.empty(uniq.size, np.int64) for _ in range(3))
-    part[order], local[order], upos[order] = server, np.arange(order.size) - starts[server], pos
-    if inverse is not None:
-        part, local, upos = part[inverse], local[inverse], upos[inverse]
-    return part, local, upos, np.asarray(counts, np.int64), -1
+    def size(self, s: int) -> int:
+        return h0.server_size(self.M, self.n, s)
+
+    def bitmap_nbytes(self, s: int) -> int:
+        """Bytes of server s's hash bitmap: one bit per unit of I_s, in whole uint64 words."""
+        return (self.size(s) + 63) // 64 * 8
+
+    @property
+    def idt(self) -> np.dtype:
+        """The dtype of a position on the wire: int32 when every I_s has fewer than 2^31."""
+        return index_dtype(self.size(0))
 
 
 class BalancedParallelism:
+    """The protocol above, written once: `be` (backend.py) says where the buffers live and
+    which kernels run, numpy and njit on the host, torch tensors and CUDA on the device."""
+
     name = "balanced"
 
-    def sync(self, name, src, layout, header, ctx, scheme_names, vdtype, prescale, scale, divisor,
-             out=None, ordered=True, repeats=False):
-        """One sync of a Source. Returns (units or None, values, info): with `out` (a dense
-        [M, D] numpy array, zero outside the union) the result is written there and units is
-        None; otherwise values is a new [K, D] array of the union's units, ascending, or (not
-        `ordered`) in the order the servers sent them, which saves a sort and a gather. The
-        units never repeat, whatever `repeats` allows."""
-        tr, keys = ctx.transport, ctx.keys
+    def sync(self, req, src, header, ctx, be):
+        """One sync of a Source (req: request.Request; header: this rank's header row, its
+        counts still zero). Returns (units or None, values, info): with req.out (a dense
+        [M, D] buffer of the backend, zero outside the union) the result is written there and
+        units is None; otherwise values is a new [K, D] buffer of the union's units,
+        ascending, or (not req.ordered) in the order the servers sent them, which saves a sort
+        and a gather. The units never repeat."""
+        tr, layout = ctx.transport, req.layout
         n, me, M, D = tr.size, tr.rank, layout.num_units, layout.unit_size
-        idt = index_dtype(h0.server_size(M, n, 0))
+        servers, vdtype = Servers(M, n, ctx.keys), req.vdtype
+        idt = servers.idt
         isz, vsz = idt.itemsize, D * vdtype.itemsize
+        header = header.copy()
 
-        # 1. partition and pack (pass 1)
+        # 1. partition (Algorithm 1 on the device, h0 + counting placement on the host) and pack
         counts = np.zeros(n, np.int64)
-        if header[COL["error"]] == OK:
-            part, local, pos, counts, bad = _partition(src, layout, n, ctx.seed, me, keys)
+        if header[COL["error"]] == OK and len(src.units):
+            with be.step("partition (Algorithm 1)"):
+                placement, counts, bad = be.partition(src, servers, h0.second_level_seeds(ctx.seed, me, 3))
             if bad >= 0:
                 header[COL["error"]], header[COL["error_detail"]] = INDEX_OUT_OF_RANGE, src.units[bad]
                 counts = np.zeros(n, np.int64)
@@ -106,94 +101,133 @@ class BalancedParallelism:
         header[COUNTS:] = counts
         H = header.nbytes
         sizes, offs = push_layout(counts, H, isz, vsz)
-        buf = np.zeros(int(sizes.sum()), np.uint8)
-        for off in offs:
-            buf[off:off + H].view(np.int64)[:] = header
-        if counts.sum():
-            idx_off = (offs + H) // isz
-            val_off = (offs + H + ((counts * isz + 7) & ~7)) // vdtype.itemsize
-            kernels.pack(buf.view(idt), buf.view(vdtype), idx_off, val_off, part, local, pos,
-                         src.units, src.values, src.dense_src, src.unique)
+        with be.step("pack"):
+            buf = be.zeros(sizes.sum())
+            head = be.constant(header.view(np.uint8))
+            for off in offs:
+                be.copy(buf[off:off + H], head)
+            if counts.sum():
+                offsets = ((offs + H) // isz, (offs + H + ((counts * isz + 7) & ~7)) // vdtype.itemsize)
+                be.pack(buf, idt, vdtype, offsets, placement, src)
 
-        # 2. Push (round 1), the header check
-        parts = tr.push(buf, sizes, control=H)
-        table, short = _header_table(parts, H, header.size)
-        check_push(name, short)
-        check_table(name, table, scheme_names, names_gatherer(tr))
+        # 2. Push (round 1), the header check (n headers on the host)
+        with be.step("Push"):
+            parts = tr.push(buf, sizes, control=H)
+        with be.step("header check"):
+            sizes_in = [be.nbytes(p) for p in parts]
+            heads = be.host([p[:H] for p, size in zip(parts, sizes_in) if size >= H])
+            table, short = _header_table(heads, sizes_in, H, header.size)
+            check_push(req.name, short)
+            check_table(req.name, table, req.scheme_names, names_gatherer(tr))
 
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
-        pull = None if malformed_push([p.size for p in parts], from_worker, H, isz, vsz) else \
-            self._aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor)
-        if pull is None:   # every rank then raises, from the tag (pull_formats)
-            pull = np.array([_MALFORMED], np.int64).view(np.uint8)
+        with be.step("aggregate (bitmap, prefix, rank-order sum, scale)"):
+            pull = None
+            if not malformed_push(sizes_in, from_worker, H, isz, vsz):
+                pull = self._aggregate(be, req, servers, parts, from_worker, me)
+            if pull is None:   # every rank then raises, from the tag (pull_formats)
+                pull = be.constant(np.array([_MALFORMED], np.int64).view(np.uint8))
 
         # 4. Pull (round 2): the aggregated values of every server land back to back
-        bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
-        tags = [int(t[-8:].view(np.int64)[0]) if t.size >= 8 else _MALFORMED for t in tails]
-        K, nbs = pull_formats(name, tags, [t.size for t in tails], M, n, isz, vsz)
+        with be.step("Pull"):
+            bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
 
         # 5. decode (pass 3: the values are already in place, scaled by their server)
-        check_pull(name, tails, tags, K, nbs, M, n, idt)
-        B = h0.domain_bits(M)
-        all_units = np.empty(sum(K), np.int64)
-        start = 0
-        for s, (tail, t, k, nb) in enumerate(zip(tails, tags, K, nbs)):
-            dst = all_units[start:start + k]
-            if t & 1 == BITMAP:
-                kernels.units_of_bitmap(tail[:nb].view(np.uint64), s, n, M, B, keys, dst)
+        with be.step("decode (inverse bijection)"):
+            all_units, K = _decode(be, req.name, servers, tails, vsz)
+        values = be.view(bodies, vdtype).reshape(len(all_units), D)
+        with be.step("scatter or sort"):
+            if req.out is not None or not layout.sparse:
+                target = req.out if req.out is not None else be.zeros_rows(M, D, vdtype)
+                be.scatter(target, all_units, values)
+                units, values = None, target
+            elif req.ordered:
+                units, values = be.sort_rows(all_units, values)
             else:
-                kernels.units_of_positions(tail[:k * isz].view(idt), s, n, M, B, keys, dst)
-            start += k
-        values = bodies.view(vdtype).reshape(all_units.size, D)
-        if out is not None or not layout.sparse:
-            target, units = out if out is not None else np.zeros((M, D), vdtype), None
-            kernels.scatter(target, all_units, values)
-        elif not ordered:
-            target, units = values, all_units
-        else:
-            order = np.argsort(all_units)
-            target, units = np.take(values, order, axis=0), all_units[order]
+                units = all_units
         info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=np.array(K, np.int64),
-                    union_size=int(all_units.size),
-                    nnz=table[:, COL["nnz"]])
-        return units, target, info
+                    union_size=int(sum(K)), nnz=table[:, COL["nnz"]])
+        return units, values, info
 
     @staticmethod
-    def _aggregate(parts, from_worker, H, idt, vdtype, D, M, n, me, prescale, scale, divisor):
+    def _aggregate(be, req, servers, parts, from_worker, me):
         """The Pull buffer of server me: [values summed in rank order at their slots, then
         scaled][pad to 8][hash bitmap or positions][int64 tag]; None when a received position
         lies outside I_me (a corrupt Push: the kernels would index with it)."""
-        isz, vsz = idt.itemsize, D * vdtype.itemsize
+        D, vdtype, idt = req.layout.unit_size, req.vdtype, servers.idt
+        isz, vsz, H = idt.itemsize, D * vdtype.itemsize, header_nbytes(servers.n)
         positions, values = [], []
         for b, k in zip(parts, from_worker):
-            positions.append(b[H:H + k * isz].view(idt))
+            k = int(k)
+            positions.append(be.view(b[H:H + k * isz], idt))
             v0 = H + pad8(k * isz)
-            values.append(b[v0:v0 + k * vsz].view(vdtype).reshape(k, D))
-        if not all(positions_in_range(j, h0.server_size(M, n, me)) for j in positions):
+            values.append(be.view(b[v0:v0 + k * vsz], vdtype).reshape(k, D))
+        if be.ints([be.outside(positions, servers.size(me))])[0]:
             return None
-        nb_bitmap = bitmap_nbytes(M, n, me)
-        if nb_bitmap > pad8(sum(j.size for j in positions) * isz):
+        nb_bitmap = servers.bitmap_nbytes(me)
+        if nb_bitmap > pad8(sum(len(j) for j in positions) * isz):
             # Positions are fewer bytes than the bitmap even before duplicates merge: find the
             # union by sorting them, so memory follows nnz and not M / n.
-            return _aggregate_sorted(positions, values, idt, vdtype, D, prescale, scale, divisor)
-        words = np.zeros(nb_bitmap // 8, np.uint64)
-        for j in positions:
-            kernels.set_bits(words, j)
-        prefix, K = kernels.word_prefix(words)                 # K = |I'_me|
-        fmt = BITMAP if words.nbytes <= pad8(K * isz) else POSITIONS
-        nb = words.nbytes if fmt == BITMAP else pad8(K * isz)
-        pull, acc, index = _pull_buffer(K, nb, fmt, vdtype, D)
-        if fmt == BITMAP:
-            index.view(np.uint64)[:] = words
+            union = be.union(positions)
+            K = len(union)
+            pull, acc, index = _pull_buffer(be, K, pad8(K * isz), POSITIONS, vdtype, D)
+            be.copy(be.view(index[:K * isz], idt), union)
+            for j, v in zip(positions, values):                # rank order 0..n-1
+                be.add_slots(acc, union, j, v, req.prescale)
         else:
-            tmp = np.empty(K, np.int64)
-            kernels.bitmap_positions(words, tmp)
-            index[:K * isz].view(idt)[:] = tmp
-        for j, v in zip(positions, values):                    # rank order 0..n-1
-            kernels.add_part(acc, words, prefix, j, v, prescale)
-        kernels.scale_rows(acc, scale, divisor)
+            words = be.zeros_words(nb_bitmap // 8)
+            for j in positions:
+                be.set_bits(words, j)
+            prefix, total = be.word_prefix(words)
+            K = be.ints([total])[0]                                 # K = |I'_me|
+            fmt = BITMAP if nb_bitmap <= pad8(K * isz) else POSITIONS
+            pull, acc, index = _pull_buffer(be, K, nb_bitmap if fmt == BITMAP else pad8(K * isz), fmt, vdtype, D)
+            if fmt == BITMAP:
+                be.copy(be.view(index, np.uint64), words)
+            else:
+                ones = be.empty_units(K)
+                be.bitmap_positions(words, prefix, ones)
+                be.copy(be.view(index[:K * isz], idt), ones)
+            for j, v in zip(positions, values):                    # rank order 0..n-1
+                be.add_part(acc, words, prefix, j, v, req.prescale)
+        be.scale_rows(acc, req.scale, req.divisor)
         return pull
+
+
+def _decode(be, name, servers, tails, vsz):
+    """(every server's units in server order, K per server), from the Pull tails: the hash
+    bitmap or the positions, through the inverse bijection (bit j of server s is unit
+    pi^-1(j n + s)). Checked first, with the few integers read in one go: each tail's size
+    against its tag, each bitmap's popcount against the tag and no bit past |I_s| (a corrupt
+    one could write past its K units), and each position within its server's range."""
+    idt = servers.idt
+    sizes = [be.nbytes(t) for t in tails]
+    tags = be.ints([be.view(t[-8:], np.int64) if size >= 8 else _MALFORMED for t, size in zip(tails, sizes)])
+    K, nbs = pull_formats(name, servers, tags, sizes, vsz)
+    bitmaps = {s: be.view(tails[s][:nbs[s]], np.uint64) for s, t in enumerate(tags) if t & 1 == BITMAP}
+    prefixes = {s: be.word_prefix(w) for s, w in bitmaps.items()}
+    positions = {s: be.view(tails[s][:K[s] * idt.itemsize], idt) for s in range(servers.n) if s not in bitmaps}
+    outside = [be.outside([j], servers.size(s)) for s, j in positions.items()]
+    lasts = [w[-1:] if len(w) else 0 for w in bitmaps.values()]
+    got = be.ints(outside + [total for _, total in prefixes.values()] + lasts)
+    wrong = [s for s, bad in zip(positions, got) if bad]
+    for s, found, last in zip(bitmaps, got[len(outside):], got[len(outside) + len(bitmaps):]):
+        past = servers.size(s) % 64   # bits of the last word past |I_s| must be clear
+        if found != K[s] or (past and (last & ((1 << 64) - 1)) >> past):
+            wrong.append(s)
+    if wrong:
+        raise InvalidTensorError(corrupt_pull(name, sorted(wrong)))
+    all_units = be.empty_units(sum(K))
+    start = 0
+    for s, k in enumerate(K):
+        dst = all_units[start:start + k]
+        if s in bitmaps:
+            be.units_of_bitmap(bitmaps[s], prefixes[s][0], s, servers, dst)
+        else:
+            be.units_of_positions(positions[s], s, servers, dst)
+        start += k
+    return all_units, K
 
 
 def push_layout(counts, H, isz, vsz):
@@ -226,7 +260,7 @@ def pull_body_nbytes(vsz):
     return lambda tag: (tag >> 1) * vsz if tag >= 0 else 0
 
 
-def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
+def pull_formats(name, servers, tags, tail_sizes, vsz):
     """(K, index bytes) per server from the Pull tags, each checked against its message: an
     InvalidTensorError names the tensor when a server saw a malformed Push or a message is
     not the size its tag says."""
@@ -236,10 +270,10 @@ def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
             f"zen_hvd: tensor {name!r}: servers {bad} received a Push message that does not match "
             "its header (its size, or positions outside the server's range: a peer sent a "
             "different tensor or a corrupt message)")
-    K, nbs = [t >> 1 for t in tags], []
+    K, nbs, isz = [t >> 1 for t in tags], [], servers.idt.itemsize
     for s, (t, k, size) in enumerate(zip(tags, K, tail_sizes)):
-        nb = bitmap_nbytes(M, n, s) if t & 1 == BITMAP else pad8(k * isz)
-        if size != nb + 8:
+        nb = servers.bitmap_nbytes(s) if t & 1 == BITMAP else pad8(k * isz)
+        if t < 0 or size != nb + 8:
             raise InvalidTensorError(
                 f"zen_hvd: tensor {name!r}: the Pull message of server {s} does not have the "
                 f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
@@ -247,55 +281,24 @@ def pull_formats(name, tags, tail_sizes, M, n, isz, vsz):
     return K, nbs
 
 
-def check_pull(name, tails, tags, K, nbs, M, n, idt) -> None:
-    """Raises InvalidTensorError (on every rank: all receive the same Pull messages) unless
-    every server's index part fits its tag: a bitmap with exactly K bits set and none past
-    |I_s|, or K positions within I_s. Checked before the decoders write one unit per entry."""
-    wrong = []
-    for s, (tail, t, k, nb) in enumerate(zip(tails, tags, K, nbs)):
-        bits = h0.server_size(M, n, s)
-        ok = bitmap_holds(tail[:nb].view(np.uint64), k, bits) if t & 1 == BITMAP else \
-            positions_in_range(tail[:k * idt.itemsize].view(idt), bits)
-        if not ok:
-            wrong.append(s)
-    if wrong:
-        raise InvalidTensorError(corrupt_pull(name, wrong))
-
-
 def corrupt_pull(name, servers) -> str:
     return (f"zen_hvd: tensor {name!r}: the Pull message of servers {servers} holds units its tag "
             "does not count, or positions out of its server's range (a corrupt message)")
 
 
-def bitmap_nbytes(M, n, s) -> int:
-    """Bytes of server s's hash bitmap: one bit per unit of I_s, in whole uint64 words."""
-    return (h0.server_size(M, n, s) + 63) // 64 * 8
-
-
-def _pull_buffer(K, nb, fmt, vdtype, D):
+def _pull_buffer(be, K, nb, fmt, vdtype, D):
     """A zeroed Pull buffer for K units: (buffer, its [K, D] values view, its index part)."""
     vb = K * D * vdtype.itemsize
-    pull = np.zeros(pad8(vb) + nb + 8, np.uint8)
-    pull[-8:].view(np.int64)[0] = 2 * K + fmt
-    return pull, pull[:vb].view(vdtype).reshape(K, D), pull[pad8(vb):pad8(vb) + nb]
+    pull = be.zeros(pad8(vb) + nb + 8)
+    be.view(pull[-8:], np.int64)[0] = 2 * K + fmt
+    return pull, be.view(pull[:vb], vdtype).reshape(K, D), pull[pad8(vb):pad8(vb) + nb]
 
 
-def _aggregate_sorted(positions, values, idt, vdtype, D, prescale, scale, divisor):
-    """The Pull buffer in the positions format, the union found by a sort: O(nnz) memory."""
-    union = sorted_unique(np.concatenate(positions)) if positions else np.zeros(0, np.int64)
-    K, isz = union.size, idt.itemsize
-    pull, acc, index = _pull_buffer(K, pad8(K * isz), POSITIONS, vdtype, D)
-    index[:K * isz].view(idt)[:] = union
-    kernels.sum_sorted(acc, union, positions, values, prescale, scale, divisor)
-    return pull
-
-
-def _header_table(parts, H, width):
-    """Every rank's header, from the first H bytes of its Push part, and the ranks whose part
-    is too short to hold one."""
-    table = np.zeros((len(parts), width), np.int64)
-    short = [r for r, p in enumerate(parts) if p.size < H]
-    for r, p in enumerate(parts):
-        if r not in short:
-            table[r] = p[:H].view(np.int64)
+def _header_table(heads, sizes, H, width):
+    """Every rank's header (heads: the first H bytes of each Push part at least H long, on the
+    host), and the ranks whose part is too short to hold one."""
+    table = np.zeros((len(sizes), width), np.int64)
+    short = [r for r, size in enumerate(sizes) if size < H]
+    for r, head in zip([r for r in range(len(sizes)) if r not in short], heads):
+        table[r] = head.view(np.int64)
     return table, short

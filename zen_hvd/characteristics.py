@@ -196,7 +196,7 @@ def main():
             rows.append((kind, characterize(sets, w["M"], w["D"])))
     print(format_table(rows))
     if args.out:
-        from .bench.common import write_csv
+        from .stats import write_csv
 
         write_csv(args.out, [dict(workload=name, **{c: ch[c] for c in COLUMNS}) for name, ch in rows])
 

@@ -6,7 +6,7 @@ The stages, the fold for n not a power of two and the wire format of a set are h
 
   encode  [int64 tag = 4 K + format][positions, or the bitmap over [0, M) by set_bits_kernel
           (atomic or)][values], written once into one device buffer;
-  swap    Transport.swap_device: NCCL point to point on the torch transport (the size first),
+  swap    Transport.swap on device tensors: NCCL point to point on the torch transport (the size first),
           CUDA-aware MPI on mpi4py, Horovod's GPU alltoall; else staged through host memory;
   decode  positions widened to int64, or the bitmap's set bits in order (word_prefix_device,
           bitmap_positions_kernel), its popcount checked against the tag first;
@@ -22,11 +22,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .device_sync import _TORCH, _kernels, _to_host, _word_prefix, arr, launch
-from .hash_bitmap import bitmap_nbytes
+from .device import TORCH, arr, kernels, launch, to_host, word_prefix
 from .header import InvalidTensorError
 from .hierarchical import HierarchicalCentralization, UnitSet
-from .wire import BITMAP, POSITIONS, index_dtype, pad8
+from .wire import BITMAP, POSITIONS, bitmap_nbytes, index_dtype, pad8
 
 
 class DeviceHierarchy(HierarchicalCentralization):
@@ -41,9 +40,9 @@ class DeviceHierarchy(HierarchicalCentralization):
         buf = torch.zeros(8 + nb + pad8(vbytes), dtype=torch.uint8, device=dev)
         buf[:8].view(torch.int64).fill_(4 * K + fmt)
         if fmt == POSITIONS:
-            buf[8:8 + K * idt.itemsize].view(_TORCH[idt]).copy_(s.units)
+            buf[8:8 + K * idt.itemsize].view(TORCH[idt]).copy_(s.units)
         else:
-            launch(_kernels()[0].set_bits_kernel, K, arr(buf[8:8 + nb].view(torch.int64), np.uint64),
+            launch(kernels()[0].set_bits_kernel, K, arr(buf[8:8 + nb].view(torch.int64), np.uint64),
                    s.units)
         buf[8 + nb:8 + nb + vbytes].view(dtype).view(K, D).copy_(s.values)
         return buf, s
@@ -59,26 +58,26 @@ class DeviceHierarchy(HierarchicalCentralization):
         if tag < 0 or fmt not in (POSITIONS, BITMAP) or K > M or buf.numel() != 8 + nb + pad8(K * vsz):
             raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
         if fmt == POSITIONS:
-            units = buf[8:8 + K * idt.itemsize].view(_TORCH[idt]).long()
+            units = buf[8:8 + K * idt.itemsize].view(TORCH[idt]).long()
             bad = torch.zeros(1, dtype=torch.int64, device=buf.device)
-            launch(_kernels()[0].check_positions_kernel, K, units, M, bad)
+            launch(kernels()[0].check_positions_kernel, K, units, M, bad)
             if int(bad.cpu()[0]):            # a kernel would index with them
                 raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
         else:
             words = buf[8:8 + nb].view(torch.int64)
-            prefix, total = _word_prefix(words)
-            total, last = (int(c.view(np.int64)[0]) for c in _to_host([total, words[-1:]]))
+            prefix, total = word_prefix(words)
+            total, last = (int(c.view(np.int64)[0]) for c in to_host([total, words[-1:]]))
             # a corrupt bitmap could write past K units, or name units past M
             if total != K or M % 64 and (last & ((1 << 64) - 1)) >> (M % 64):
                 raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
             units = torch.empty(K, dtype=torch.int64, device=buf.device)
-            launch(_kernels()[0].bitmap_positions_kernel, words.numel(), arr(words, np.uint64), prefix,
+            launch(kernels()[0].bitmap_positions_kernel, words.numel(), arr(words, np.uint64), prefix,
                    units)
         return UnitSet(units, buf[8 + nb:8 + nb + K * vsz].view(dtype).view(K, D))
 
     @staticmethod
     def swap(transport, payload, peer, recv, s):
-        return transport.swap_device(payload, peer, recv, s.values.device)
+        return transport.swap(payload, peer, recv, device=s.values.device)
 
     @staticmethod
     def start(plan) -> UnitSet:

@@ -1,10 +1,13 @@
 """The header every rank sends before a sync: what it is about to synchronize.
 
-One small allgather carries, per rank, the tensor's name, shape, dtype, layout, unit size,
-op, seed and scheme, whether an optimizer's gradient is new since its last step (and that
-optimizer's step count, for the error), any local input error, and how many units it will
-push to each server (the Push counts). Every rank then checks the same table, so a mismatch or a bad input on any
-rank raises the same error on every rank instead of a hang or a silently wrong sum.
+A fixed row of int64s per rank: the tensor's name, shape, dtype, layout, unit size, op, seed
+and scheme, whether an optimizer's gradient is new since its last step (and that optimizer's
+step count, for the error), any local input error, and how many units it will push to each
+server (the Push counts). It travels at the start of every part of the sync's first
+point-to-point round (balanced parallelism's and one-shot's Push, or a Push of the header
+alone for the other schemes), so every rank holds every rank's header after that round and
+checks the same table: a mismatch or a bad input on any rank raises the same error on every
+rank instead of a hang or a silently wrong sum.
 """
 from __future__ import annotations
 
@@ -67,6 +70,11 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, erro
         row[COL[f]] = v
     row[COUNTS:] = counts
     return row
+
+
+def header_nbytes(n: int) -> int:
+    """Bytes of a header row among n ranks (the fixed fields, then n Push counts)."""
+    return 8 * (COUNTS + n)
 
 
 def _shape(row) -> tuple:

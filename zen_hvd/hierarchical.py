@@ -34,10 +34,9 @@ import numpy as np
 import torch
 
 from .cuda_kernels import data_path, merge as kernels
-from .hash_bitmap import bitmap_nbytes
 from .header import InvalidTensorError
 from .units import widened
-from .wire import BITMAP, DENSE, POSITIONS, bitmap_holds, index_dtype, pad8, positions_in_range
+from .wire import BITMAP, DENSE, POSITIONS, bitmap_holds, bitmap_nbytes, index_dtype, pad8, positions_in_range
 
 
 @dataclasses.dataclass

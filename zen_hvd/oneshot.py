@@ -32,16 +32,17 @@ from .wire import index_dtype, pad8, positions_in_range
 class OneShotCentralization:
     name = "agsparse"
 
-    def sync(self, name, src, layout, header, ctx, scheme_names, vdtype, prescale, scale, divisor,
-             out=None, ordered=True, repeats=False):
-        """One sync of a Source; the arguments and the result are balanced parallelism's
-        (BalancedParallelism.sync); with `repeats` (and not `ordered`) the result keeps every
-        rank's rows, repeated units included (see the module doc)."""
-        tr = ctx.transport
+    def sync(self, req, src, header, ctx, be):
+        """One sync of a Source on the host (be: backend.HOST); the arguments and the result
+        are balanced parallelism's (BalancedParallelism.sync); with req.repeats (and not
+        req.ordered) the result keeps every rank's rows, repeated units included (see the
+        module doc)."""
+        tr, name, layout = ctx.transport, req.name, req.layout
         n, M, D = tr.size, layout.num_units, layout.unit_size
+        vdtype, prescale, scale, divisor = req.vdtype, req.prescale, req.scale, req.divisor
         idt = index_dtype(M)
         isz, vsz = idt.itemsize, D * vdtype.itemsize
-        units = src.units
+        units, header = src.units, header.copy()
         if header[COL["error"]] == OK and units.size and (units.min() < 0 or units.max() >= M):
             bad = units[(units < 0) | (units >= M)][0]
             header[COL["error"]], header[COL["error_detail"]] = INDEX_OUT_OF_RANGE, bad
@@ -65,7 +66,7 @@ class OneShotCentralization:
         table = np.stack([p[:H].view(np.int64) if p.size >= H else np.zeros(header.size, np.int64)
                           for p in parts])
         if not short:
-            check_table(name, table, scheme_names, names_gatherer(tr))
+            check_table(name, table, req.scheme_names, names_gatherer(tr))
         nnz = table[:, COL["nnz"]]
         wrong = short or [r for r, p in enumerate(parts)
                           if p.size != H + pad8(nnz[r] * isz) + pad8(nnz[r] * vsz)]
@@ -84,7 +85,7 @@ class OneShotCentralization:
 
         # 2. sum (pass 2)
         all_units = np.concatenate(positions, dtype=np.int64)
-        if repeats and not ordered and out is None and layout.sparse and divisor == 0:
+        if req.repeats and not req.ordered and req.out is None and layout.sparse and divisor == 0:
             result = np.empty((all_units.size, D), vdtype)
             factor = prescale * scale
             start = 0
@@ -101,8 +102,8 @@ class OneShotCentralization:
         acc = np.zeros((union.size, D), vdtype)
         kernels.sum_sorted(acc, union, positions, values, prescale, scale, divisor)
         info = dict(nnz=nnz.copy(), union_size=int(union.size))
-        if out is not None or not layout.sparse:
-            target = out if out is not None else np.zeros((M, D), vdtype)
+        if req.out is not None or not layout.sparse:
+            target = req.out if req.out is not None else np.zeros((M, D), vdtype)
             kernels.scatter(target, union, acc)
             return None, target, info
         return union, acc, info

@@ -117,7 +117,7 @@ def main():
     args = parse()
     if args.child:
         return child(args)
-    from .bench.common import mpirun_command
+    from .launch import mpirun_command
 
     pairs = [(int(r), t) for r in args.ranks.split(",") for t in args.transports.split(",")
              if not (t == "torch" and int(r) < 2)]

@@ -2,8 +2,12 @@
 
 Push imbalance = max_{i,j} n |I_i^j| / |I_i|  (worker i's units for server j)
 Pull imbalance = max_j n |I'_j| / |I|         (server j's aggregated units; I = union)
+
+and write_csv, the CSV file of a table of such figures.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -37,3 +41,16 @@ def balanced_bytes_formula(M: int, n: int, d_G: float, gamma: float, D: int,
     return dict(push=push, pull=pull_values + pull_index, pull_index=pull_index,
                 total=push + pull_values + pull_index)
 
+
+def write_csv(path: "str | None", rows: "list[dict]") -> None:
+    """`rows` (dicts with the same keys, in column order) as a CSV file; nothing without a path."""
+    import csv
+
+    if not path or not rows:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"  wrote {path}")

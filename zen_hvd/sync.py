@@ -16,12 +16,13 @@ import contextlib
 import numpy as np
 import torch
 
-from . import auto, device_hierarchy, device_sync, ops, runtime
+from . import auto, backend, device, device_hierarchy, ops, runtime
 from .balanced import BalancedParallelism
 from .baselines import SCHEMES as BASELINES
 from .hierarchical import HierarchicalCentralization
 from .header import COL, check_table, make_header, names_gatherer
-from .units import OK, layout_of, source, sparse_result, take_units, to_units, widened
+from .request import Request
+from .units import OK, ascending_order, layout_of, source, sparse_result, take_units, to_units, widened
 
 # Concrete schemes (their order is the header code); "auto" resolves to one of them per call.
 SCHEMES = {"balanced": BalancedParallelism(), "hierarchical": HierarchicalCentralization(), **BASELINES}
@@ -59,6 +60,16 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                                                   postscale_factor=postscale_factor,
                                                   ordered=coalesced)
     return result(tensor, layout, units, values)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op=None, **kwargs):
+    """hvd.sparse_allreduce_async's call on Zen's sync: returns a handle whose call returns
+    the result, as Horovod's does. The sync runs before it returns (every rank issues its
+    syncs in the same order, so none waits on a handle another rank calls later); keyword
+    arguments are sparse_allreduce's, coalesced=False by default, as Horovod's result."""
+    kwargs.setdefault("coalesced", False)
+    out = sparse_allreduce(tensor, name, op, **kwargs)
+    return lambda: out
 
 
 def result(tensor, layout, units, values) -> torch.Tensor:
@@ -102,17 +113,17 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     chosen = auto.choose(ctx.state.profiles, name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
-    # Balanced parallelism (device_sync.py) and hierarchical centralization
+    # Balanced parallelism (backend.Device) and hierarchical centralization
     # (device_hierarchy.py) keep a CUDA tensor on its device; the baselines, and the host
     # path, work on a host copy.
-    stays = layout.num_units > 0 and device_sync.wanted(layout)
+    stays = layout.num_units > 0 and device.wanted(layout)
     on_device = stays and (chosen == "balanced" or chosen in device_hierarchy.SCHEMES)
     cpu = cpu.cpu() if cpu.device.type != "cpu" and not on_device else cpu
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
     divisor = tr.size if op == average and not floating else 0
-    # A device scheme's kernels run on the tensor's device and stream (device_sync.device_scope).
-    scope = device_sync.device_scope(cpu.device) if on_device else contextlib.nullcontext([])
+    # A device scheme's kernels run on the tensor's device and stream (device.device_scope).
+    scope = device.device_scope(cpu.device) if on_device else contextlib.nullcontext([])
     with scope as outputs:
         if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
             header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
@@ -122,28 +133,22 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
             info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
             if out is not None:
                 units, values = None, out
-        elif on_device and chosen == "balanced":
-            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                                 np.zeros(tr.size, np.int64), step, route=tr.route(cpu.device))
-            dev = widened(cpu)
-            target = out if out is not None and out.dtype == dev.dtype and out.device == dev.device else None
-            units, values, info = device_sync.sync(name, dev, layout, header, ctx, SCHEME_NAMES,
-                                                   float(prescale_factor), scale, divisor, target, ordered)
-            if out is not None and target is None:
+        elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
+            wide = widened(cpu)
+            be = backend.Device(wide.device) if on_device else backend.HOST
+            src = (device.source if on_device else source)(wide, layout)
+            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
+                                 np.zeros(tr.size, np.int64), step,
+                                 route=tr.route(wide.device) if on_device else 0)
+            fits = out is not None and out.dtype == wide.dtype and out.device == wide.device
+            req = Request(name, layout, backend.numpy_dtype(wide.dtype), SCHEME_NAMES,
+                          float(prescale_factor), scale, divisor, ordered, repeats,
+                          out=(out if on_device else out.numpy()) if fits else None)
+            units, values, info = SCHEMES[chosen].sync(req, src, header, ctx, be)
+            values = values if on_device else torch.from_numpy(values)
+            if out is not None and not fits:
                 out.copy_(values)
                 units, values = None, out
-        elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
-            cpu = widened(cpu)
-            src = source(cpu, layout)
-            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
-                                 np.zeros(tr.size, np.int64), step)
-            target = out.numpy() if out is not None and out.dtype == cpu.dtype else None
-            units, values, info = SCHEMES[chosen].sync(
-                name, src, layout, header, ctx, SCHEME_NAMES, src.values.dtype, float(prescale_factor),
-                scale, divisor, target, ordered, repeats)
-            values = torch.from_numpy(values)
-            if out is not None and target is None:
-                out.copy_(values)
         else:
             units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device)
             if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
@@ -187,7 +192,7 @@ def _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device=False):
     """Hierarchical centralization and the baselines: header round, then the scheme's run (on
     the tensor's device when on_device: its units and values stay tensors there)."""
     tr = ctx.transport
-    units, values, error, detail = (device_sync.units_of if on_device else to_units)(cpu, layout)
+    units, values, error, detail = (device.units_of if on_device else to_units)(cpu, layout)
     impl = (device_hierarchy.SCHEMES if on_device else SCHEMES)[chosen]
     plan = impl.plan(units, values, layout, tr, ctx.seed) if error == OK else None
     if plan is not None:
@@ -204,6 +209,6 @@ def _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device=False):
             out_units, order = torch.sort(out_units)
             out_values = out_values[order]
         else:
-            order = np.argsort(out_units)
+            order = ascending_order(out_units)
             out_units, out_values = out_units[order], take_units(out_values, order)
     return out_units, out_values, info

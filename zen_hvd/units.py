@@ -128,18 +128,6 @@ def to_units(tensor: torch.Tensor, layout: Layout):
     return np.ascontiguousarray(units, dtype=np.int64), values.contiguous(), OK, 0
 
 
-def from_units(layout: Layout, units: np.ndarray, values: torch.Tensor) -> torch.Tensor:
-    """The inverse of to_units for unique units: sparse (coalesced) or dense, as the input was."""
-    M, D = layout.num_units, layout.unit_size
-    if not layout.sparse:
-        out = torch.zeros((M, D), dtype=layout.dtype)
-        if units.size:
-            out[torch.from_numpy(units)] = values
-        return out.reshape(layout.shape)
-    order = _ascending_order(units)
-    return sparse_result(layout, units[order], take_units(values, order))
-
-
 def sorted_unique(a: np.ndarray, return_inverse: bool = False):
     """np.unique for int64 arrays via sort and a mask: numpy 2.x's hash-based np.unique takes
     hundreds of milliseconds on a few hundred thousand integers, a sort takes a few."""
@@ -179,7 +167,7 @@ def add_rows(out: torch.Tensor, rows: np.ndarray, values: torch.Tensor) -> None:
         out.index_add_(0, idx, values)
 
 
-def _ascending_order(units: np.ndarray) -> np.ndarray:
+def ascending_order(units: np.ndarray) -> np.ndarray:
     """argsort of unique units. When unit and position fit together in 63 bits, sorting the
     packed keys (unit << b | position) is several times faster than an argsort."""
     b = max(1, int(units.size - 1).bit_length())

@@ -25,6 +25,13 @@ def index_dtype(bound: int) -> np.dtype:
     return np.dtype(np.int32) if bound <= 2 ** 31 else np.dtype(np.int64)
 
 
+def bitmap_nbytes(nbits: int) -> int:
+    """Bytes of a bitmap of nbits bits, in whole uint64 words (bit j is word j >> 6, bit
+    j & 63: little-endian bytes, bit j & 7 of byte j >> 3), so that what follows it in a
+    message stays aligned."""
+    return ((nbits + 63) // 64) * 8
+
+
 def part_nbytes(k: int, isz: int, vsz: int) -> int:
     """Bytes of one COO part: k indices of isz bytes and k rows of vsz bytes, each padded."""
     return pad8(int(k) * isz) + pad8(int(k) * vsz)

@@ -1,4 +1,4 @@
-"""The device data path in real multi-rank syncs: balanced parallelism (zen_hvd/device_sync.py)
+"""The device data path in real multi-rank syncs: balanced parallelism (balanced.py on backend.Device)
 and hierarchical centralization (zen_hvd/device_hierarchy.py).
 
     NUMBA_ENABLE_CUDASIM=1 mpirun -np N python tests/mpi/device_path_cases.py [--transport T] [--examples K]
@@ -176,23 +176,24 @@ if SIZED:
 # A corrupt Push message (rank 1 sends rank 0 eight bytes more than its header says): on
 # either path every rank raises, naming the tensor and the server that saw it.
 if n > 1:
-    def corrupted(clean, join):
+    def corrupted(clean):
         def push(send, counts, control=0):
             counts = [int(c) for c in counts]
+            join = np.concatenate if isinstance(send, np.ndarray) else torch.cat
             longer = join([send[:counts[0]], send[:8], send[counts[0]:]])
             return clean(longer, [counts[0] + 8] + counts[1:], control)
         return push
 
-    for path, method, join in (("host", "push", np.concatenate), ("device", "push_device", torch.cat)):
-        clean = getattr(tr, method)
-        setattr(tr, method, corrupted(clean, join) if me == 1 else clean)
+    for path in ("host", "device"):
+        clean = tr.push
+        tr.push = corrupted(clean) if me == 1 else clean
         try:
             sync(torch.sparse_coo_tensor(torch.tensor([[1, 2]]), torch.ones(2, 2), (100, 2)).to(DEV), path)
             raise AssertionError(f"{path}: a corrupt Push message was not caught")
         except InvalidTensorError as e:
             assert "servers [0]" in str(e) and "does not match its header" in str(e), e
         finally:
-            setattr(tr, method, clean)
+            tr.push = clean
 
 # A Push message of the right size whose positions lie outside the server's range (rank 1
 # rewrites the first position it sends rank 0): on either path every rank raises instead of a
@@ -207,9 +208,9 @@ if n > 1:
             return clean(send, counts, control)
         return push
 
-    for path, method in (("host", "push"), ("device", "push_device")):
-        clean = getattr(tr, method)
-        setattr(tr, method, out_of_range(clean) if me == 1 else clean)
+    for path in ("host", "device"):
+        clean = tr.push
+        tr.push = out_of_range(clean) if me == 1 else clean
         try:
             sync(torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 5, 8, 13]]), torch.ones(6, 2), (100, 2)).to(DEV),
                  path)
@@ -217,7 +218,7 @@ if n > 1:
         except InvalidTensorError as e:
             assert "servers [0]" in str(e) and "does not match its header" in str(e), e
         finally:
-            setattr(tr, method, clean)
+            tr.push = clean
 
 # Bad input: every rank raises the same error, naming the tensor, and the next sync works.
 bad = torch.sparse_coo_tensor(torch.tensor([[1, 500 if me == n - 1 else 2]]), torch.ones(2, 2), (100, 2)).to(DEV)

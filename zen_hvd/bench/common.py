@@ -9,6 +9,8 @@ import sys
 import time
 
 from .. import runtime
+from ..launch import launch_command, mpirun_command, torchrun_command  # noqa: F401
+from ..stats import write_csv  # noqa: F401
 
 
 def add_embedding_args(ap, repeats: int, rate: str) -> None:
@@ -23,44 +25,6 @@ def add_embedding_args(ap, repeats: int, rate: str) -> None:
     ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="CSV file of the table printed")
-
-
-def mpirun_command(ranks: int) -> list:
-    """mpirun for `ranks` local ranks, as every benchmark launches them:
-      - each rank bound to one core, ranks wrapping over the cores when there are more ranks
-        (unbound, the scheduler can keep three ranks on one core and one on the other for
-        seconds, and step times flip between two modes);
-      - Open MPI yielding the core while it waits (its busy polling takes the cores from the
-        ranks still computing; scripts/netns_cluster.sh passes the same)."""
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "core:overload-allowed",
-           "--map-by", "core", "--mca", "mpi_yield_when_idle", "1"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd
-
-
-def launch_command(ranks: int, emulate: "str | None", command: list) -> list:
-    """`command` on `ranks` ranks: local ranks under mpirun_command, or with `emulate` (a link
-    rate such as 1gbit) one rank per network namespace joined by tc-limited links
-    (scripts/netns_cluster.sh run, which needs root)."""
-    if not emulate:
-        return mpirun_command(ranks) + list(command)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
-    return ["bash", os.path.abspath(script), "run", str(ranks), emulate, "--", *command]
-
-
-def torchrun_command(ranks: int, emulate: "str | None", python_args: list) -> list:
-    """`python_args` (a script and its arguments, or -m MODULE ...) under torchrun: `ranks`
-    local processes, or with `emulate` (a link rate such as 1gbit) one torchrun agent and
-    process per network namespace joined by tc-limited links (scripts/netns_cluster.sh
-    torchrun, which needs root)."""
-    if not emulate:
-        from ..mpi.torch_transport import free_port
-
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                "--master-port", str(free_port()), *python_args]
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "netns_cluster.sh")
-    return ["bash", os.path.abspath(script), "torchrun", str(ranks), emulate, "--", sys.executable, *python_args]
 
 
 class Progress:
@@ -157,20 +121,6 @@ def reproduce(module: str) -> str:
     """The line that reruns this benchmark as it was started, first in every summary."""
     args = [a for a in sys.argv[1:] if a != "--child"]
     return f"reproduce: python -m {module} {shlex.join(args)}".rstrip()
-
-
-def write_csv(path: "str | None", rows: "list[dict]") -> None:
-    """`rows` (dicts with the same keys, in column order) as a CSV file; nothing without a path."""
-    import csv
-
-    if not path or not rows:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"  wrote {path}")
 
 
 def human_bytes(x: float) -> str:

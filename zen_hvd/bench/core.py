@@ -42,7 +42,7 @@ def main():
     import zen_hvd
     from zen_hvd import stats, workloads
     from zen_hvd.cuda_kernels import h0, hierarchical_hashing
-    from zen_hvd.hash_bitmap import bitmap_nbytes
+    from zen_hvd.wire import bitmap_nbytes
 
     zen_hvd.init()
     import horovod.torch as hvd

@@ -10,7 +10,7 @@ Prints one table and exits non-zero on any mismatch:
   - every step of one balanced-parallelism sync on the device (data_path_gpu.py), with
     --servers workers in this process: partition, pack, bitmap, prefix, aggregate, decode,
     scatter (median over --repeats), its result against a float64 sum on the host;
-  - zen_hvd's own device path (zen_hvd/device_sync.py): a one-rank zen_hvd.sparse_allreduce
+  - zen_hvd's own device path (balanced.py on backend.Device): a one-rank zen_hvd.sparse_allreduce
     of a CUDA tensor, every step timed, against the host path's result (skipped when torch has
     no CUDA; with --simulate, CPU tensors on the simulated kernels).
 The kernel tests themselves run with ZEN_HVD_REAL_GPU=1 pytest tests/test_kernels.py
@@ -25,7 +25,7 @@ import sys
 import time
 
 
-def device_sync(inputs, values, M, seed, timer=None):
+def kernel_pipeline(inputs, values, M, seed, timer=None):
     """Balanced parallelism's sync of n workers' (unique int64 units, [nnz, D] values), all
     in this process and on the device: worker w partitions and packs, server s builds its
     bitmap, aggregates in rank order and Pulls, every worker decodes and scatters. Returns the
@@ -110,7 +110,7 @@ def real_sync(units, values, M, repeats, device, failures):
     import torch
 
     import zen_hvd
-    from .. import device_sync
+    from .. import device
 
     zen_hvd.init()
     t = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values),
@@ -121,7 +121,7 @@ def real_sync(units, values, M, repeats, device, failures):
     d = t.to(device)
     per_step, totals = [], []
     for r in range(repeats + 1):
-        with device_sync.time_steps() as seconds:
+        with device.time_steps() as seconds:
             t0 = time.perf_counter()
             got = zen_hvd.sparse_allreduce(d, name="gpu_check.device", op=zen_hvd.Sum, scheme="balanced")
             if got.is_cuda:
@@ -135,7 +135,7 @@ def real_sync(units, values, M, repeats, device, failures):
         torch.equal(got.cpu()._values(), want._values())
     if not ok:
         failures.append(f"sparse_allreduce on the device path ({device}) differs from the host path")
-    rows = [(f"device_sync step: {name}", statistics.median(s.get(name, 0.0) for s in per_step), ok)
+    rows = [(f"device path step: {name}", statistics.median(s.get(name, 0.0) for s in per_step), ok)
             for name in per_step[0]]
     rows.append((f"sparse_allreduce on the device path, 1 rank, {units.size:,} rows of M = {M:,} "
                  f"(steps timed apart)", statistics.median(totals), ok))
@@ -196,7 +196,7 @@ def main():
     per_step = []
     for r in range(args.repeats + 1):
         timer = StepTimer()
-        out = device_sync(inputs, values, M, seed=7, timer=timer)
+        out = kernel_pipeline(inputs, values, M, seed=7, timer=timer)
         if r:                                          # the first run compiles
             per_step.append(timer.seconds)
     ref = np.zeros((M, 1))
@@ -210,7 +210,7 @@ def main():
     rows.append((f"sync total ({n} workers, M = {M:,}, {args.density:g} density, D = 1)",
                  statistics.median(sum(s.values()) for s in per_step), exact))
 
-    # zen_hvd's own device path (zen_hvd/device_sync.py) in a one-rank sparse_allreduce of a
+    # zen_hvd's own device path (balanced.py on backend.Device) in a one-rank sparse_allreduce of a
     # CUDA tensor (in the simulator, a CPU tensor on ZEN_HVD_DATA_PATH=device), every step
     # timed, against the host path's result on the CPU tensor.
     import torch
