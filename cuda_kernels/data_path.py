@@ -155,15 +155,6 @@ def add_slots(acc, slots, values, prescale):
         _add_row(acc, slots[i], values, i, prescale)
 
 
-def sum_sorted(acc, union, positions, values, prescale, scale, divisor):
-    """acc[slot] = scale x the sum over the parts, in rank order 0..n-1, of prescale x their
-    values, a position's slot being its rank in `union` (the sorted union of the parts'
-    positions): the aggregate of parts far sparser than a bitmap, O(nnz) memory."""
-    for j, v in zip(positions, values):                       # rank order 0..n-1
-        add_slots(acc, np.searchsorted(union, j), v, prescale)
-    scale_rows(acc, scale, divisor)
-
-
 @numba.njit(cache=True, nogil=True)
 def scale_rows(acc, scale, divisor):
     """The aggregate's last step, in place: acc * scale (floats; nothing when 1) or acc / divisor

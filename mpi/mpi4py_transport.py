@@ -14,7 +14,7 @@ exits or runs ahead ends the job without waiting for the stall deadline.
 Buffers are the torch tensors' own memory (no copies); counts and displacements are explicit.
 The device data path's buffers (CUDA tensors) go to MPI as they are when the library is
 CUDA-aware (cuda_aware), after the tensor's stream has finished writing them; otherwise they
-are staged through host memory (Transport.push_device).
+are staged through host memory (Transport.push of a tensor).
 Needs a real MPI job (mpirun, or horovodrun with MPI); under `horovodrun --gloo` there is none.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import Transport, body_of, copy, displacements, empty_like, pad8, split
+from .transport import PointToPoint, body_of, copy, displacements, empty_like, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
@@ -50,8 +50,9 @@ def cuda_aware(MPI) -> bool:
     return bool(query())
 
 
-class Mpi4pyTransport(Transport):
+class Mpi4pyTransport(PointToPoint):
     name = "mpi4py"
+    push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
 
     def __init__(self, ranks=None):
         """Among the MPI ranks `ranks` (ascending; None: every rank of the job)."""
@@ -173,26 +174,6 @@ class Mpi4pyTransport(Transport):
         stall.wait(request.Test, self.policy, self._what, lambda: "every rank to join a collective",
                    lambda: self._gone([r for r in range(self.size) if r != self.rank]))
 
-    def _what(self, tag=None) -> str:
-        step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")
-        return f"tensor {self.activity!r} ({step})"
-
-    def _push(self, send, send_counts):
-        mine = split(send, send_counts)
-        parts = self._exchange(mine, PUSH_TAG)
-        parts[self.rank] = mine[self.rank]
-        return parts
-
-    def _pull(self, send):
-        return self._to_all(send, PULL_TAG)
-
-    def _push_all(self, send):
-        return self._to_all(send, PUSH_TAG)
-
-    def _to_all(self, send, tag):
-        parts = self._exchange([send] * self.size, tag)
-        parts[self.rank] = send
-        return parts
 
     def _pull_joined(self, send, body_nbytes):
         """The bodies received in place: message r is received where body r starts, right

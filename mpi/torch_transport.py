@@ -14,7 +14,7 @@ a longer message sends its rest at once as a second part, whose irecv the receiv
 it has read the length. So a round is one message per peer, no collective, and a second only
 for messages over EAGER bytes. Tags keep Push, Pull and the two parts of a message apart.
 
-Device buffers (the device data path, zen_hvd/device_sync.py) travel over NCCL, which
+Device buffers (the device data path, backend.Device) travel over NCCL, which
 receives only the exact size sent: each round first sends every peer its message's size (and
 a Pull message's tag) in a small gloo message on the round's tag, then the data point to point in one
 batch_isend_irecv on an NCCL group made beside the gloo one at the first device sync. A Pull
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import Transport, as_tensor, body_length, pad8, split
+from .transport import PointToPoint, as_tensor, body_length, pad8, split
 
 PUSH_TAG, PULL_TAG, STEP_TAG = 16, 32, 48   # first parts travel on tag, the rest on tag + 1
 SIZED = 0x5A454E53495A4544   # first word of a device round's size message
@@ -192,14 +192,16 @@ def _first_part(payload: torch.Tensor) -> torch.Tensor:
     return head
 
 
-class TorchTransport(Transport):
+class TorchTransport(PointToPoint):
     name = "torch"
     sizes_first = True   # device buffers: each message's size over gloo first (NCCL's need)
+    push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
 
     def __init__(self, group, state):
         """Point to point among the ranks of `group` (runtime.Group): under torch.distributed
         over the group's own gloo group (state.gloo()); under Horovod over a gloo group of
         Horovod's ranks (see the module doc)."""
+
         import torch.distributed as dist
 
         self._dist = dist
@@ -294,9 +296,6 @@ class TorchTransport(Transport):
                                 + (f"{left} (this rank is in sync {self.syncs})" if left else
                                    f"it died or exited ({e})")) from e
 
-    def _what(self, tag=None) -> str:
-        step = {PUSH_TAG: "Push", PULL_TAG: "Pull", STEP_TAG: "hierarchy step"}.get(tag, "sync")
-        return f"tensor {self.activity!r} ({step})"
 
     # -- point to point ------------------------------------------------------------------
     def _exchange(self, sends, tag):
@@ -344,23 +343,6 @@ class TorchTransport(Transport):
         rests.append((peer, self._dist.irecv(whole[EAGER - 8:], self._global[peer],
                                              group=self._group, tag=tag + 1)))
         return whole.numpy()
-
-    def _push(self, send, send_counts):
-        mine = split(send, send_counts)
-        parts = self._exchange(mine, PUSH_TAG)
-        parts[self.rank] = mine[self.rank]
-        return parts
-
-    def _pull(self, send):
-        return self._to_all(send, PULL_TAG)
-
-    def _push_all(self, send):
-        return self._to_all(send, PUSH_TAG)
-
-    def _to_all(self, send, tag):
-        parts = self._exchange([send] * self.size, tag)
-        parts[self.rank] = send
-        return parts
 
     # -- device buffers: sizes over gloo, then the data over NCCL ----------------------------
     def moves_cuda(self, device):

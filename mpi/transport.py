@@ -282,6 +282,38 @@ class Transport:
         return int(self.allgather_int64([int(value)])[root, 0])
 
 
+class PointToPoint(Transport):
+    """A transport whose rounds are point-to-point messages (mpi4py, torch.distributed): the
+    subclass's _exchange(sends, tag) sends sends[r] to rank r and returns what every peer sent
+    this rank; its tags name the round in its messages and errors."""
+
+    push_tag = pull_tag = step_tag = None
+
+    def _exchange(self, sends, tag) -> list:
+        raise NotImplementedError
+
+    def _push(self, send, send_counts):
+        mine = split(send, send_counts)
+        parts = self._exchange(mine, self.push_tag)
+        parts[self.rank] = mine[self.rank]
+        return parts
+
+    def _pull(self, send):
+        return self._to_all(send, self.pull_tag)
+
+    def _push_all(self, send):
+        return self._to_all(send, self.push_tag)
+
+    def _to_all(self, send, tag):
+        parts = self._exchange([send] * self.size, tag)
+        parts[self.rank] = send
+        return parts
+
+    def _what(self, tag=None) -> str:
+        step = {self.push_tag: "Push", self.pull_tag: "Pull", self.step_tag: "hierarchy step"}.get(tag, "sync")
+        return f"tensor {self.activity!r} ({step})"
+
+
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A uint8 numpy buffer as a torch tensor sharing its memory (numpy gives empty arrays a
     stride of 0, which torch then refuses to view as another dtype)."""

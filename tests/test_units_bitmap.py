@@ -62,15 +62,15 @@ def _table(rows):
 def test_header_mismatch_messages_name_tensor_and_ranks():
     a = units.layout_of(torch.zeros(10, 4))
     b = units.layout_of(torch.zeros(10, 5))
-    ok = header.make_header("emb", a, 1, 42, 0, units.OK, 0, 3, [1, 2])
+    ok = header.make_header("emb", a, 1, 42, 0, counts=[1, 2], error=units.OK, error_detail=0, nnz=3)
     header.check_table("emb", _table([ok, ok]))
     with pytest.raises(header.TensorMismatchError, match=r"'emb'.*shape differs.*rank 0: \(10, 4\), rank 1: \(10, 5\)"):
-        header.check_table("emb", _table([ok, header.make_header("emb", b, 1, 42, 0, units.OK, 0, 3, [1, 2])]))
+        header.check_table("emb", _table([ok, header.make_header("emb", b, 1, 42, 0, counts=[1, 2], error=units.OK, error_detail=0, nnz=3)]))
     with pytest.raises(header.TensorMismatchError, match="seed differs"):
-        header.check_table("emb", _table([ok, header.make_header("emb", a, 1, 43, 0, units.OK, 0, 3, [1, 2])]))
+        header.check_table("emb", _table([ok, header.make_header("emb", a, 1, 43, 0, counts=[1, 2], error=units.OK, error_detail=0, nnz=3)]))
     with pytest.raises(header.TensorMismatchError, match="different tensors"):
-        header.check_table("emb", _table([ok, header.make_header("other", a, 1, 42, 0, units.OK, 0, 3, [1, 2])]))
-    bad = header.make_header("emb", a, 1, 42, 0, units.INDEX_OUT_OF_RANGE, 99, 3, [0, 0])
+        header.check_table("emb", _table([ok, header.make_header("other", a, 1, 42, 0, counts=[1, 2], error=units.OK, error_detail=0, nnz=3)]))
+    bad = header.make_header("emb", a, 1, 42, 0, counts=[0, 0], error=units.INDEX_OUT_OF_RANGE, error_detail=99, nnz=3)
     with pytest.raises(header.InvalidTensorError, match="rank 1 has a sparse index out of range.*99"):
         header.check_table("emb", _table([ok, bad]))
 

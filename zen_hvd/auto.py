@@ -38,14 +38,13 @@ import os
 
 import numpy as np
 
-from . import costmodel
+from . import costmodel, schemes
 
 log = logging.getLogger("zen_hvd.auto")
 FIRST = "balanced"
-CANDIDATES = ("balanced", "hierarchical", "allreduce", "agsparse")
-# The schemes with a device path (backend.Device, device_hierarchy.py): a tensor kept on its
-# device is not copied to the host for another.
-DEVICE_CANDIDATES = ("balanced", "hierarchical")
+CANDIDATES = schemes.AUTO
+# A tensor kept on its device is not copied to the host for a scheme without a device path.
+DEVICE_CANDIDATES = tuple(s for s in schemes.AUTO if s in schemes.DEVICE)
 DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores
 
 
@@ -78,7 +77,7 @@ def is_check_call(calls: int, recheck: int) -> bool:
     return calls in (1, 2) or calls % recheck == 0
 
 
-def observe(profiles, name, scheme, layout, info, transport, on_device=False) -> None:
+def observe(profiles, name, scheme, layout, info, transport, *, on_device=False) -> None:
     """After a sync of `name` with `scheme`: count it; on a check call, update the profile
     from what the sync returned (info: every rank's nnz, the union's size) and decide, among
     the DEVICE_CANDIDATES when the tensor stays on its device. Other calls cost one dictionary

@@ -74,6 +74,10 @@ class BalancedParallelism:
     which kernels run, numpy and njit on the host, torch tensors and CUDA on the device."""
 
     name = "balanced"
+    code = 0
+    device = True
+    auto = True
+    header_in_push = True
 
     def sync(self, req, src, header, ctx, be):
         """One sync of a Source (req: request.Request; header: this rank's header row, its

@@ -62,6 +62,10 @@ class DenseAllReduce:
     """Dense AllReduce of the whole tensor (the baseline every figure normalizes to)."""
 
     name = "allreduce"
+    code = 2
+    device = False
+    auto = True
+    header_in_push = False
 
     def plan(self, units, values, layout, transport, seed):
         values = widened(values)   # as in the other schemes (MPI has no half sum)
@@ -79,6 +83,10 @@ class SparCML(RecursiveDoubling):
     """SparCML's recursive doubling: COO sets, dense as soon as the COO would be larger."""
 
     name = "sparcml"
+    code = 4
+    device = False
+    auto = False
+    header_in_push = False
 
     def choose_format(self, s, M, isz, vsz):
         if s.units is None or part_nbytes(s.size, isz, vsz) > M * vsz:
@@ -129,6 +137,10 @@ class SparsePS(_Partitioned):
     """Sparse parameter server: partitions of units, COO both ways."""
 
     name = "sparse_ps"
+    code = 6
+    device = False
+    auto = False
+    header_in_push = False
 
     def keys(self, units, values, layout):
         return units, values, layout.num_units, values.shape[1]
@@ -143,6 +155,10 @@ class OmniReduce(_Partitioned):
     """OmniReduce: partitions of 256-element blocks; only non-zero blocks travel."""
 
     name = "omnireduce"
+    code = 5
+    device = False
+    auto = False
+    header_in_push = False
 
     def keys(self, units, values, layout):
         B, D = block_units(values.shape[1]), values.shape[1]
@@ -162,4 +178,3 @@ class OmniReduce(_Partitioned):
         return units[keep], values[torch.from_numpy(keep)]
 
 
-SCHEMES = {s.name: s for s in (DenseAllReduce(), OneShotCentralization(), SparCML(), OmniReduce(), SparsePS())}

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 
-SCHEMES = ("allreduce", "balanced", "hierarchical", "sparcml", "agsparse", "sparse_ps", "omnireduce")
+from .schemes import HEADER_IN_PUSH, SCHEMES as _DECLARED
+
+SCHEMES = tuple(_DECLARED)   # every scheme a sync can run (schemes.py)
 INDEX_BYTES = 4
 LATENCY_S = 50e-6      # one message step over TCP (order of magnitude; bandwidth terms dominate)
 
@@ -111,13 +113,10 @@ def _independent_blocks(M, d_G, gamma_n, value_bytes, D=1):
                 s_w=1.0, s_u=1.0)
 
 
-# Schemes whose headers ride in their own Push (balanced.py, oneshot.py): no header round.
-HEADER_IN_PUSH = ("balanced", "agsparse")
-
-
 def message_steps(n: int, scheme: str) -> int:
     """Message steps of one sync: the scheme's pattern, plus the header round (sync.py's
-    exchange_headers) for every scheme not in HEADER_IN_PUSH."""
+    exchange_headers) for every scheme that does not carry the header in its own first round
+    (schemes.HEADER_IN_PUSH)."""
     p = 1 << (n.bit_length() - 1)
     hops = 2 * (p.bit_length() - 1) + (4 if n > p else 0)
     pattern = {"allreduce": 2 * (n - 1), "hierarchical": hops, "sparcml": hops}.get(

@@ -23,7 +23,7 @@ import os
 import numpy as np
 import torch
 
-from .units import INDEX_OUT_OF_RANGE, OK, Source
+from .units import INDEX_OUT_OF_RANGE, Source, nonzero_rows
 
 TORCH = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}
 _UNTIMED = contextlib.nullcontext()
@@ -165,11 +165,6 @@ def source(tensor: torch.Tensor, layout) -> Source:
     for d, size in enumerate(dims):
         units = units * size + idx[d]
     return Source(units, t._values().reshape(-1, D).contiguous(), False, True)
-
-
-def nonzero_rows(flat: torch.Tensor) -> torch.Tensor:
-    """The ascending int64 indices of the rows of a [M, D] tensor holding a non-zero."""
-    return torch.nonzero((flat != 0).any(dim=1)).reshape(-1)
 
 
 def units_of(tensor: torch.Tensor, layout):

@@ -32,6 +32,8 @@ import warnings
 
 import torch
 
+from .gradients import sync_dgc
+
 # DGC's warm-up densities (75%, 93.75%, 98.4375%, 99.6% sparsity), one stage per
 # warmup_steps steps; a stage sparser than the target is skipped (density never below ratio).
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
@@ -228,6 +230,19 @@ class Bucket:
                 mine.copy_(state[key])
             else:
                 mine.zero_()
+
+    # -- as an optimizer's sync item (worker.py) ----------------------------------------
+    @property
+    def num_units(self) -> int:
+        return self.numel
+
+    def sync(self, size, **kw):
+        """The bucket's gradients by elements (gradients.sync_dgc): (the synchronized flat
+        gradient, the sync's info)."""
+        return sync_dgc(self, self.flat_gradient(), size, **kw)
+
+    def step_done(self):
+        pass
 
     def dense(self, units, values) -> torch.Tensor:
         """The synchronized sum (units ascending, values [K, 1]) as the bucket's flat dense

@@ -14,12 +14,7 @@ from __future__ import annotations
 import torch
 
 from .sync import allreduce_units, result
-
-
-def nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
-    """The rows of a dense gradient that hold a non-zero (NaN counts), ascending."""
-    flat = grad.reshape(grad.shape[0], -1)
-    return torch.nonzero(flat.ne(0).any(dim=1)).reshape(-1)
+from .units import nonzero_rows
 
 
 def row_sparse(grad, like: torch.Tensor, rows=None) -> torch.Tensor:

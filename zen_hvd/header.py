@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import ops
-from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, Layout
+from .units import BAD_LAYOUT, INDEX_OUT_OF_RANGE, OK, Layout
 
 VERSION = 3
 MAX_DIMS = 8
@@ -49,8 +49,9 @@ def name_code(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, error: int,
-                error_detail: int, nnz: int, counts, step=None, route: int = 0) -> np.ndarray:
+def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, *, counts,
+                error: int = OK, error_detail: int = 0, nnz: int = 0, step=None,
+                route: int = 0) -> np.ndarray:
     """One rank's header row. step: None for a direct sync, else an optimizer's
     (step count, whether its gradient is fresh). route: see "route" above."""
     if len(layout.shape) > MAX_DIMS:

@@ -35,7 +35,7 @@ import torch
 
 from .cuda_kernels import data_path, merge as kernels
 from .header import InvalidTensorError
-from .units import widened
+from .units import nonzero_rows, widened
 from .wire import BITMAP, DENSE, POSITIONS, bitmap_holds, bitmap_nbytes, index_dtype, pad8, positions_in_range
 
 
@@ -83,9 +83,8 @@ def dense_of(s: UnitSet, M: int) -> np.ndarray:
 
 def nonzero_units(dense: torch.Tensor):
     """Units (rows) of a dense [M, D] sum that are not all zero (NaN counts as non-zero)."""
-    nz = (dense != 0).any(dim=1)
-    units = torch.nonzero(nz).reshape(-1)
-    return units.numpy().astype(np.int64), dense.index_select(0, units)
+    units = nonzero_rows(dense)
+    return units.numpy(), dense.index_select(0, units)
 
 
 class RecursiveDoubling:
@@ -160,7 +159,7 @@ class RecursiveDoubling:
         values = buf[8 + nb:8 + nb + K * vsz].view(dtype).reshape(K, D)
         return UnitSet(units, values)
 
-    def exchange(self, s: UnitSet, peer, transport, M, name, send=True, recv=True):
+    def exchange(self, s: UnitSet, peer, transport, M, name, *, send=True, recv=True):
         """Send s to peer (if send) and receive peer's set (if recv): one message each way.
         Returns (peer's set or None, s as sent). Both partners merge the two sets in the
         forms they travelled in (dense once the format turns dense): a dense sum drops units
@@ -238,3 +237,7 @@ class HierarchicalCentralization(RecursiveDoubling):
     [0, M), whichever is smaller."""
 
     name = "hierarchical"
+    code = 1
+    device = True
+    auto = True
+    header_in_push = False

@@ -12,7 +12,7 @@ balanced parallelism is: one point-to-point round and at most two passes over th
        postscale x Average's 1/n) as it is copied out of its message. A torch optimizer adds the duplicates as it adds
        Horovod's allgathered gradient: this is Horovod's sparse_allreduce result;
      - otherwise: the union of the positions by a sort and every part added into it in rank
-       order 0..n-1 (data_path.sum_sorted, as balanced parallelism's sparse aggregate), then
+       order 0..n-1 (data_path.add_slots, as balanced parallelism's sparse aggregate), then
        scaled: a coalesced result, bitwise the same on every rank.
 Bytes received per worker: sum over the other workers i of |I_i| (i + v) = (n-1) k (i + v).
 When the workers' sets barely overlap (gamma_n near n) no scheme receives fewer: equation (2)
@@ -31,6 +31,10 @@ from .wire import index_dtype, pad8, positions_in_range
 
 class OneShotCentralization:
     name = "agsparse"
+    code = 3
+    device = False
+    auto = True
+    header_in_push = True
 
     def sync(self, req, src, header, ctx, be):
         """One sync of a Source on the host (be: backend.HOST); the arguments and the result
@@ -100,7 +104,9 @@ class OneShotCentralization:
             return all_units, result, info
         union = sorted_unique(all_units)
         acc = np.zeros((union.size, D), vdtype)
-        kernels.sum_sorted(acc, union, positions, values, prescale, scale, divisor)
+        for j, v in zip(positions, values):                      # rank order 0..n-1
+            kernels.add_slots(acc, np.searchsorted(union, j), v, prescale)
+        kernels.scale_rows(acc, scale, divisor)
         info = dict(nnz=nnz.copy(), union_size=int(union.size))
         if req.out is not None or not layout.sparse:
             target = req.out if req.out is not None else np.zeros((M, D), vdtype)

@@ -17,17 +17,11 @@ import numpy as np
 import torch
 
 from . import auto, backend, device, device_hierarchy, ops, runtime
-from .balanced import BalancedParallelism
-from .baselines import SCHEMES as BASELINES
-from .hierarchical import HierarchicalCentralization
 from .header import COL, check_table, make_header, names_gatherer
 from .request import Request
 from .units import OK, ascending_order, layout_of, source, sparse_result, take_units, to_units, widened
 
-# Concrete schemes (their order is the header code); "auto" resolves to one of them per call.
-SCHEMES = {"balanced": BalancedParallelism(), "hierarchical": HierarchicalCentralization(), **BASELINES}
-SCHEME_NAMES = dict(enumerate(SCHEMES))
-_CODES = {s: i for i, s in enumerate(SCHEMES)}
+from .schemes import NAMES, SCHEMES  # "auto" resolves to one of SCHEMES per call
 last_sync: dict = {}  # what the most recent sync saw: counts, bytes, imbalance (stats.py)
 
 
@@ -110,6 +104,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     name = name if name is not None else f"sparse_allreduce.noname.{next(ctx.state.unnamed)}"
     tr.activity = name
     tr.syncs += 1
+    sent, received = tr.stats.bytes_sent, tr.stats.bytes_received
     chosen = auto.choose(ctx.state.profiles, name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
@@ -117,7 +112,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     # (device_hierarchy.py) keep a CUDA tensor on its device; the baselines, and the host
     # path, work on a host copy.
     stays = layout.num_units > 0 and device.wanted(layout)
-    on_device = stays and (chosen == "balanced" or chosen in device_hierarchy.SCHEMES)
+    on_device = stays and SCHEMES[chosen].device
     cpu = cpu.cpu() if cpu.device.type != "cpu" and not on_device else cpu
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
@@ -126,22 +121,23 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     scope = device.device_scope(cpu.device) if on_device else contextlib.nullcontext([])
     with scope as outputs:
         if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
-            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], OK, 0, 0,
-                                 np.zeros(tr.size, np.int64), step)
+            header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code,
+                                 counts=np.zeros(tr.size, np.int64), step=step)
             table = exchange_headers(name, header, tr)
             units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
             info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
             if out is not None:
                 units, values = None, out
-        elif hasattr(SCHEMES[chosen], "sync"):   # the header rides in the scheme's own Push
+        elif SCHEMES[chosen].header_in_push:
             wide = widened(cpu)
             be = backend.Device(wide.device) if on_device else backend.HOST
             src = (device.source if on_device else source)(wide, layout)
-            header = make_header(name, layout, op, ctx.seed, _CODES[chosen], src.error, src.detail, 0,
-                                 np.zeros(tr.size, np.int64), step,
+            header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code,
+                                 counts=np.zeros(tr.size, np.int64), error=src.error,
+                                 error_detail=src.detail, step=step,
                                  route=tr.route(wide.device) if on_device else 0)
             fits = out is not None and out.dtype == wide.dtype and out.device == wide.device
-            req = Request(name, layout, backend.numpy_dtype(wide.dtype), SCHEME_NAMES,
+            req = Request(name, layout, backend.numpy_dtype(wide.dtype), NAMES,
                           float(prescale_factor), scale, divisor, ordered, repeats,
                           out=(out if on_device else out.numpy()) if fits else None)
             units, values, info = SCHEMES[chosen].sync(req, src, header, ctx, be)
@@ -150,7 +146,7 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
                 out.copy_(values)
                 units, values = None, out
         else:
-            units, values, info = _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device)
+            units, values, info = _run_scheme(chosen, name, cpu, layout, ctx, op=op, step=step, on_device=on_device)
             if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
                 factor = float(prescale_factor) * scale
                 values = values * factor if factor != 1.0 else values
@@ -164,7 +160,9 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
                 units, values = None, out
         outputs += [units, values]
     if scheme == "auto" and layout.num_units:
-        auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, stays)
+        auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, on_device=stays)
+    # this sync's data bytes through its transport (headers and counts are control bytes)
+    info = dict(info, bytes_sent=tr.stats.bytes_sent - sent, bytes_received=tr.stats.bytes_received - received)
     last_sync.clear()
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,
                      unit_size=layout.unit_size)
@@ -180,15 +178,15 @@ def exchange_headers(name, header, tr) -> np.ndarray:
     if any(p.size != H for p in parts):
         sizes = [p.size for p in parts]
         table = np.stack([p[:H].view(np.int64) for p in parts if p.size >= H])
-        check_table(name, table, SCHEME_NAMES)   # raises if a balanced peer is the cause
+        check_table(name, table, NAMES)   # raises if a balanced peer is the cause
         raise ValueError(f"zen_hvd: tensor {name!r}: header messages of sizes {sizes}, expected {H}")
     table = np.stack([p.view(np.int64) for p in parts])
-    check_table(name, table, SCHEME_NAMES, names_gatherer(tr))
+    check_table(name, table, NAMES, names_gatherer(tr))
     return table
 
 
 
-def _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device=False):
+def _run_scheme(chosen, name, cpu, layout, ctx, *, op, step, on_device=False):
     """Hierarchical centralization and the baselines: header round, then the scheme's run (on
     the tensor's device when on_device: its units and values stay tensors there)."""
     tr = ctx.transport
@@ -198,8 +196,8 @@ def _run_scheme(chosen, name, cpu, layout, op, ctx, step, on_device=False):
     if plan is not None:
         plan.name = name
     counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
-    header = make_header(name, layout, op, ctx.seed, _CODES[chosen], error, detail,
-                         0 if units is None else len(units), counts, step,
+    header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code, counts=counts, error=error,
+                         error_detail=detail, nnz=0 if units is None else len(units), step=step,
                          route=tr.route(cpu.device) if on_device else 0)
     table = exchange_headers(name, header, tr)
     out_units, out_values, info = impl.run(plan, table, tr)

@@ -83,10 +83,17 @@ def source(tensor: torch.Tensor, layout: Layout) -> Source:
             units = _linearize(idx, layout.shape[:layout.sparse_dim])
         return Source(units, values.contiguous().numpy(), False, tensor.is_coalesced())
     flat = tensor.reshape(M, D)
-    nz = flat != 0
-    nz = nz.any(dim=1) if D > 1 else nz[:, 0]
-    units = torch.nonzero(nz).reshape(-1).numpy()
-    return Source(units, flat.contiguous().numpy(), True, True)
+    return Source(nonzero_rows(flat).numpy(), flat.contiguous().numpy(), True, True)
+
+
+def nonzero_rows(t: torch.Tensor) -> torch.Tensor:
+    """The rows of t (dim 0; the rest of each row flattened) that hold a non-zero (NaN
+    counts), as an ascending int64 tensor on t's device: a dense table's units."""
+    row = math.prod(t.shape[1:])
+    if t.shape[0] == 0 or row == 0:
+        return torch.zeros(0, dtype=torch.int64, device=t.device)
+    nz = t.reshape(t.shape[0], row).ne(0)
+    return torch.nonzero(nz.any(dim=1) if row != 1 else nz[:, 0]).reshape(-1)
 
 
 def widened(tensor: torch.Tensor) -> torch.Tensor:
@@ -120,10 +127,8 @@ def to_units(tensor: torch.Tensor, layout: Layout):
         values = t.values().reshape(-1, D)
     else:
         flat = tensor.detach().reshape(M, D)
-        nz = flat != 0
-        nz = nz.any(dim=1) if D > 1 else nz[:, 0]
-        units_t = torch.nonzero(nz).reshape(-1)
-        units = units_t.numpy().astype(np.int64, copy=False)
+        units_t = nonzero_rows(flat)
+        units = units_t.cpu().numpy()
         values = flat.index_select(0, units_t)
     return np.ascontiguousarray(units, dtype=np.int64), values.contiguous(), OK, 0
 
