@@ -99,6 +99,26 @@ def set_bits(words, positions):
 
 
 @numba.njit(cache=True, nogil=True)
+def count_bad(words, positions, bound):
+    """How many of a received part's positions lie outside [0, bound) or repeat an earlier one
+    (a sender writes each unit once): each marks its bit in `words`, zero on entry and cleared
+    again before returning."""
+    bad = 0
+    for j in positions:
+        if j < 0 or j >= bound:
+            bad += 1
+            continue
+        bit = _ONE << np.uint64(j & 63)
+        if words[j >> 6] & bit:
+            bad += 1
+        words[j >> 6] |= bit
+    for j in positions:
+        if 0 <= j < bound:
+            words[j >> 6] &= ~(_ONE << np.uint64(j & 63))
+    return bad
+
+
+@numba.njit(cache=True, nogil=True)
 def word_prefix(words):
     """Exclusive prefix sum of the words' popcounts, and the total: a set bit's slot is
     prefix[j >> 6] + popcount of the bits below it in its word."""

@@ -117,6 +117,31 @@ def set_bits_kernel(words, positions, bad=None):
             cuda.atomic.or_(words, j >> 6, _ONE << numba.uint64(j & 63))
 
 
+@cuda.jit
+def mark_bad_kernel(words, positions, bound, bad):
+    """count_bad's first pass: bad[0] += the positions outside [0, bound) or whose bit
+    another position of the part set first (the atomic or returns the old word); words zero
+    on entry. clear_marks_kernel clears the marks."""
+    t = cuda.grid(1)
+    if t < positions.size:
+        j = positions[t]
+        if outside(j, bound, bad, True):
+            return
+        bit = _ONE << numba.uint64(j & 63)
+        if cuda.atomic.or_(words, j >> 6, bit) & bit:
+            cuda.atomic.add(bad, 0, 1)
+
+
+@cuda.jit
+def clear_marks_kernel(words, positions, bound):
+    """count_bad's second pass: the marks of mark_bad_kernel cleared, words zero again."""
+    t = cuda.grid(1)
+    if t < positions.size:
+        j = positions[t]
+        if 0 <= j < bound:
+            cuda.atomic.and_(words, j >> 6, ~(_ONE << numba.uint64(j & 63)))
+
+
 @cuda.jit(device=True)
 def block_scan(x):
     """(exclusive prefix of x over the block's threads, the block's total): a Hillis-Steele

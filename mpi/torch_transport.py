@@ -285,17 +285,29 @@ class TorchTransport(PointToPoint):
             try:
                 work.wait()
             except RuntimeError as e:
-                self.broken = True
-                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
-                    raise peer_error(
-                        f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the "
-                        "stall shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, "
-                        f"or the ranks are out of step ({e})", stall.StallError) from e
-                left = departed(self._global)
-                raise peer_error(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
-                                + (f"{left} (this rank is in sync {self.syncs})" if left else
-                                   f"it died or exited ({e})")) from e
+                raise self._lost(peer, tag, e) from e
 
+    def _post(self, op, tensor, peer, tag):
+        """isend or irecv of `tensor` to or from `peer`: (peer, its work). A connection that
+        is already gone fails here rather than in the wait, and raises as there."""
+        try:
+            return peer, op(tensor, self._global[peer], group=self._group, tag=tag)
+        except RuntimeError as e:
+            raise self._lost(peer, tag, e) from e
+
+    def _lost(self, peer, tag, e) -> Exception:
+        """The error of a failed point-to-point work with `peer` (see _wait); the transport
+        is then broken, and the next sync builds a new one."""
+        self.broken = True
+        if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+            return peer_error(
+                f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the stall "
+                "shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, or the "
+                f"ranks are out of step ({e})", stall.StallError)
+        left = departed(self._global)
+        return peer_error(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
+                          + (f"{left} (this rank is in sync {self.syncs})" if left else
+                             f"it died or exited ({e})"))
 
     # -- point to point ------------------------------------------------------------------
     def _exchange(self, sends, tag):
@@ -320,15 +332,14 @@ class TorchTransport(PointToPoint):
     def _first_recv(self, peer, tag):
         """(buffer, work) receiving a message's first part from peer."""
         first = torch.empty(EAGER, dtype=torch.uint8)
-        return first, self._dist.irecv(first, self._global[peer], group=self._group, tag=tag)
+        return first, self._post(self._dist.irecv, first, peer, tag)[1]
 
     def _send(self, payload, head, peer, tag):
         """The (peer, work) pairs that send one message: its first part `head` (_first_part)
         and, past EAGER bytes, its rest."""
-        dst, group = self._global[peer], self._group
-        works = [(peer, self._dist.isend(head, dst, group=group, tag=tag))]
+        works = [self._post(self._dist.isend, head, peer, tag)]
         if payload.numel() > EAGER - 8:
-            works.append((peer, self._dist.isend(payload[EAGER - 8:], dst, group=group, tag=tag + 1)))
+            works.append(self._post(self._dist.isend, payload[EAGER - 8:], peer, tag + 1))
         return works
 
     def _message(self, first, peer, tag, rests):
@@ -340,8 +351,7 @@ class TorchTransport(PointToPoint):
             return first[8:8 + length].numpy()
         whole = torch.empty(length, dtype=torch.uint8)
         whole[:EAGER - 8] = first[8:]
-        rests.append((peer, self._dist.irecv(whole[EAGER - 8:], self._global[peer],
-                                             group=self._group, tag=tag + 1)))
+        rests.append(self._post(self._dist.irecv, whole[EAGER - 8:], peer, tag + 1))
         return whole.numpy()
 
     # -- device buffers: sizes over gloo, then the data over NCCL ----------------------------

@@ -9,7 +9,7 @@ A protocol (balanced.py) is written once against this small interface:
               same on numpy and torch); copy(dst, src);
   integers    ints(xs): python ints from scalars the backend produced (on the device, one
               copy to the host for all of them); host(bufs): small buffers as numpy;
-  kernels     partition, pack, set_bits, word_prefix, bitmap_positions, add_part, union,
+  kernels     partition, pack, count_bad, set_bits, word_prefix, bitmap_positions, add_part, union,
               add_slots, scale_rows, outside, units_of_bitmap, units_of_positions, scatter,
               sort_rows: the same names and arguments on both, each the njit kernel or the
               CUDA kernel of that name.
@@ -117,9 +117,18 @@ class Host:
                          src.units, src.values, src.dense_src, src.unique)
 
     @staticmethod
-    def outside(positions, bound):
-        """How many of the arrays hold a position outside [0, bound)."""
-        return sum(not positions_in_range(j, bound) for j in positions)
+    def outside(positions, bound, ascending=False):
+        """How many of the arrays hold a position outside [0, bound) (or, ascending, are not
+        strictly ascending)."""
+        return sum(not positions_in_range(j, bound, ascending) for j in positions)
+
+    @staticmethod
+    def count_bad(words, positions, bound):
+        """A received part's positions outside [0, bound) or repeated (words: a zero bitmap of
+        at least bound bits, zero again after), or with words None its sorted copy's."""
+        if words is None:
+            return int(not positions_in_range(positions, bound)) or positions.size - sorted_unique(positions).size
+        return cpu_kernels.count_bad(words, positions, bound)
 
     @staticmethod
     def set_bits(words, positions):
@@ -243,10 +252,23 @@ class Device:
                       self.view(buf, idt), self.view(buf, vdtype), idx_off, val_off, *placement,
                       src.units, src.values, src.dense_src)
 
-    def outside(self, positions, bound):
+    def outside(self, positions, bound, ascending=False):
         bad = torch.zeros(1, dtype=torch.int64, device=self.dev)
         for j in positions:
             device.launch(self.gpu.check_positions_kernel, j.numel(), j, bound, bad)
+            if ascending and j.numel() > 1:
+                bad += (j[1:] <= j[:-1]).sum()
+        return bad
+
+    def count_bad(self, words, positions, bound):
+        if words is None:
+            bad = self.outside([positions], bound)
+            return bad + (positions.numel() - torch.unique(positions).numel())
+        bad = torch.zeros(1, dtype=torch.int64, device=self.dev)
+        device.launch(self.gpu.mark_bad_kernel, positions.numel(), device.arr(words, np.uint64), positions,
+                      bound, bad)
+        device.launch(self.gpu.clear_marks_kernel, positions.numel(), device.arr(words, np.uint64),
+                      positions, bound)
         return bad
 
     def set_bits(self, words, positions):

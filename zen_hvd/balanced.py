@@ -44,7 +44,15 @@ from .header import COL, COUNTS, InvalidTensorError, check_table, header_nbytes,
 from .units import INDEX_OUT_OF_RANGE, OK
 from .wire import BITMAP, POSITIONS, index_dtype, pad8
 
-_MALFORMED = -1  # Pull tag of a server that received a Push part of the wrong size
+# The Pull tag of a server that cannot aggregate, -2 - w when worker w's Push part does not
+# match its header: every rank then raises after the Pull, naming w, rather than the server
+# alone in the Push (its peers would wait for its Pull). _UNREADABLE: a Pull message too short
+# for a tag.
+_UNREADABLE = -1
+
+
+def _malformed(worker: int) -> int:
+    return -2 - worker
 
 
 @dataclasses.dataclass
@@ -127,19 +135,24 @@ class BalancedParallelism:
         # 3. aggregate (pass 2)
         from_worker = table[:, COUNTS + me]                     # |I_i^me| for every worker i
         with be.step("aggregate (bitmap, prefix, rank-order sum, scale)"):
-            pull = None
-            if not malformed_push(sizes_in, from_worker, H, isz, vsz):
-                pull = self._aggregate(be, req, servers, parts, from_worker, me)
-            if pull is None:   # every rank then raises, from the tag (pull_formats)
-                pull = be.constant(np.array([_MALFORMED], np.int64).view(np.uint8))
+            tag = malformed_push(sizes_in, table, me, H, isz, vsz)
+            if tag is None:
+                pull, tag = self._aggregate(be, req, servers, parts, from_worker, me)
+            if tag is not None:   # every rank then raises, from the tags (pull_formats)
+                pull = be.constant(np.array([tag], np.int64).view(np.uint8))
 
         # 4. Pull (round 2): the aggregated values of every server land back to back
         with be.step("Pull"):
             bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
 
+        sizes = [be.nbytes(t) for t in tails]
+        tags = be.ints([be.view(t[-8:], np.int64) if size >= 8 and size % 8 == 0 else _UNREADABLE
+                        for t, size in zip(tails, sizes)])
+        formats = pull_formats(req.name, servers, tags, sizes, vsz)
+
         # 5. decode (pass 3: the values are already in place, scaled by their server)
         with be.step("decode (inverse bijection)"):
-            all_units, K = _decode(be, req.name, servers, tails, vsz)
+            all_units, K = _decode(be, req.name, servers, tails, formats)
         values = be.view(bodies, vdtype).reshape(len(all_units), D)
         with be.step("scatter or sort"):
             if req.out is not None or not layout.sparse:
@@ -156,9 +169,10 @@ class BalancedParallelism:
 
     @staticmethod
     def _aggregate(be, req, servers, parts, from_worker, me):
-        """The Pull buffer of server me: [values summed in rank order at their slots, then
-        scaled][pad to 8][hash bitmap or positions][int64 tag]; None when a received position
-        lies outside I_me (a corrupt Push: the kernels would index with it)."""
+        """(the Pull buffer of server me: [values summed in rank order at their slots, then
+        scaled][pad to 8][hash bitmap or positions][int64 tag], None); or (None, the malformed
+        tag of the first worker) when a position it sent lies outside I_me or repeats (a
+        corrupt Push: the kernels would index with it, or add a value twice)."""
         D, vdtype, idt = req.layout.unit_size, req.vdtype, servers.idt
         isz, vsz, H = idt.itemsize, D * vdtype.itemsize, header_nbytes(servers.n)
         positions, values = [], []
@@ -167,10 +181,13 @@ class BalancedParallelism:
             positions.append(be.view(b[H:H + k * isz], idt))
             v0 = H + pad8(k * isz)
             values.append(be.view(b[v0:v0 + k * vsz], vdtype).reshape(k, D))
-        if be.ints([be.outside(positions, servers.size(me))])[0]:
-            return None
-        nb_bitmap = servers.bitmap_nbytes(me)
-        if nb_bitmap > pad8(sum(len(j) for j in positions) * isz):
+        nb_bitmap, bound = servers.bitmap_nbytes(me), servers.size(me)
+        sparse = nb_bitmap > pad8(sum(len(j) for j in positions) * isz)
+        scratch = None if sparse else be.zeros_words(nb_bitmap // 8)
+        bad = be.ints([be.count_bad(scratch, j, bound) for j in positions])
+        if any(bad):   # a position out of range, or repeated: the kernels would misplace it
+            return None, _malformed(int(np.flatnonzero(bad)[0]))
+        if sparse:
             # Positions are fewer bytes than the bitmap even before duplicates merge: find the
             # union by sorting them, so memory follows nnz and not M / n.
             union = be.union(positions)
@@ -180,7 +197,7 @@ class BalancedParallelism:
             for j, v in zip(positions, values):                # rank order 0..n-1
                 be.add_slots(acc, union, j, v, req.prescale)
         else:
-            words = be.zeros_words(nb_bitmap // 8)
+            words = scratch                                        # zero again after count_bad
             for j in positions:
                 be.set_bits(words, j)
             prefix, total = be.word_prefix(words)
@@ -196,23 +213,21 @@ class BalancedParallelism:
             for j, v in zip(positions, values):                    # rank order 0..n-1
                 be.add_part(acc, words, prefix, j, v, req.prescale)
         be.scale_rows(acc, req.scale, req.divisor)
-        return pull
+        return pull, None
 
 
-def _decode(be, name, servers, tails, vsz):
+def _decode(be, name, servers, tails, formats):
     """(every server's units in server order, K per server), from the Pull tails: the hash
     bitmap or the positions, through the inverse bijection (bit j of server s is unit
-    pi^-1(j n + s)). Checked first, with the few integers read in one go: each tail's size
-    against its tag, each bitmap's popcount against the tag and no bit past |I_s| (a corrupt
-    one could write past its K units), and each position within its server's range."""
-    idt = servers.idt
-    sizes = [be.nbytes(t) for t in tails]
-    tags = be.ints([be.view(t[-8:], np.int64) if size >= 8 else _MALFORMED for t, size in zip(tails, sizes)])
-    K, nbs = pull_formats(name, servers, tags, sizes, vsz)
+    pi^-1(j n + s)). Checked first, with the few integers read in one go: each bitmap's
+    popcount against its tag and no bit past |I_s| (a corrupt one could write past its K
+    units), and the positions strictly ascending within the server's range, as a server sends
+    them (a repeated unit would be added twice)."""
+    idt, (tags, K, nbs) = servers.idt, formats
     bitmaps = {s: be.view(tails[s][:nbs[s]], np.uint64) for s, t in enumerate(tags) if t & 1 == BITMAP}
     prefixes = {s: be.word_prefix(w) for s, w in bitmaps.items()}
     positions = {s: be.view(tails[s][:K[s] * idt.itemsize], idt) for s in range(servers.n) if s not in bitmaps}
-    outside = [be.outside([j], servers.size(s)) for s, j in positions.items()]
+    outside = [be.outside([j], servers.size(s), ascending=True) for s, j in positions.items()]
     lasts = [w[-1:] if len(w) else 0 for w in bitmaps.values()]
     got = be.ints(outside + [total for _, total in prefixes.values()] + lasts)
     wrong = [s for s, bad in zip(positions, got) if bad]
@@ -248,15 +263,19 @@ def check_push(name, short) -> None:
     if short:
         raise InvalidTensorError(
             f"zen_hvd: tensor {name!r}: ranks {short} sent a Push message too short for a header "
-            "(a peer running another protocol: does every rank hold the tensor on the same kind "
-            "of device?)")
+            "(a corrupt message, or a peer running another protocol: does every rank hold the "
+            "tensor on the same kind of device?)")
 
 
-def malformed_push(part_sizes, from_worker, H, isz, vsz) -> bool:
-    """Whether a received Push part is not the size its header announces for this server
-    (then the server answers with the _MALFORMED tag, so that every rank raises)."""
-    expected = push_layout(np.asarray(from_worker, np.int64), H, isz, vsz)[0]
-    return any(int(s) != int(e) for s, e in zip(part_sizes, expected))
+def malformed_push(part_sizes, table, me, H, isz, vsz):
+    """The malformed tag of the first worker whose Push part to server `me` is not the size
+    its header announces, or whose header's nnz is not the sum of its counts; else None."""
+    counts = table[:, COUNTS:]
+    expected = push_layout(counts[:, me], H, isz, vsz)[0]
+    for w, (size, want) in enumerate(zip(part_sizes, expected)):
+        if int(size) != int(want) or table[w, COL["nnz"]] != counts[w].sum():
+            return _malformed(w)
+    return None
 
 
 def pull_body_nbytes(vsz):
@@ -265,29 +284,31 @@ def pull_body_nbytes(vsz):
 
 
 def pull_formats(name, servers, tags, tail_sizes, vsz):
-    """(K, index bytes) per server from the Pull tags, each checked against its message: an
-    InvalidTensorError names the tensor when a server saw a malformed Push or a message is
-    not the size its tag says."""
-    if _MALFORMED in tags:
-        bad = [s for s, t in enumerate(tags) if t == _MALFORMED]
+    """(tags, K, index bytes) per server from the Pull tags, each checked against its message:
+    an InvalidTensorError names the tensor, the servers and the workers when a server could
+    not aggregate a Push part, or a message is not the size its tag says."""
+    if any(t <= -2 for t in tags):
+        bad = [s for s, t in enumerate(tags) if t <= -2]
+        senders = sorted({-2 - t for t in tags if t <= -2})
         raise InvalidTensorError(
             f"zen_hvd: tensor {name!r}: servers {bad} received a Push message that does not match "
-            "its header (its size, or positions outside the server's range: a peer sent a "
-            "different tensor or a corrupt message)")
+            f"its header from ranks {senders} (its size, or positions outside the server's range: "
+            "a peer sent a different tensor or a corrupt message)")
     K, nbs, isz = [t >> 1 for t in tags], [], servers.idt.itemsize
     for s, (t, k, size) in enumerate(zip(tags, K, tail_sizes)):
         nb = servers.bitmap_nbytes(s) if t & 1 == BITMAP else pad8(k * isz)
         if t < 0 or size != nb + 8:
             raise InvalidTensorError(
                 f"zen_hvd: tensor {name!r}: the Pull message of server {s} does not have the "
-                f"size its tag says ({k} units: {pad8(k * vsz) + nb + 8} bytes)")
+                f"size its tag says ({size} bytes, tag {t})")
         nbs.append(nb)
-    return K, nbs
+    return tags, K, nbs
 
 
 def corrupt_pull(name, servers) -> str:
     return (f"zen_hvd: tensor {name!r}: the Pull message of servers {servers} holds units its tag "
-            "does not count, or positions out of its server's range (a corrupt message)")
+            "does not count, or positions out of order or out of its server's range (a corrupt "
+            "message)")
 
 
 def _pull_buffer(be, K, nb, fmt, vdtype, D):

@@ -61,6 +61,8 @@ class DeviceHierarchy(HierarchicalCentralization):
             units = buf[8:8 + K * idt.itemsize].view(TORCH[idt]).long()
             bad = torch.zeros(1, dtype=torch.int64, device=buf.device)
             launch(kernels()[0].check_positions_kernel, K, units, M, bad)
+            if K > 1:                        # a set's positions rise strictly, as merge needs
+                bad += (units[1:] <= units[:-1]).sum()
             if int(bad.cpu()[0]):            # a kernel would index with them
                 raise InvalidTensorError(f"zen_hvd: tensor {name!r}: {error}")
         else:

@@ -78,6 +78,10 @@ def header_nbytes(n: int) -> int:
     return 8 * (COUNTS + n)
 
 
+def _dtype_name(code) -> str:
+    return str(DTYPES[code]) if 0 <= code < len(DTYPES) else f"dtype code {code}"
+
+
 def _shape(row) -> tuple:
     return tuple(int(d) for d in row[COL["dim0"]:COL["dim0"] + row[COL["ndim"]]])
 
@@ -138,7 +142,7 @@ def check_table(name: str, table: np.ndarray, scheme_names=None, gather_names=No
                                   + ")")
     if differs([COL["dtype"]]):
         raise TensorMismatchError(f"{where}: dtype differs across ranks ("
-                                  + per_rank(lambda row: str(DTYPES[row[COL["dtype"]]])) + ")")
+                                  + per_rank(lambda row: _dtype_name(row[COL["dtype"]])) + ")")
     if differs([COL["sparse"], COL["sparse_dim"], COL["unit_size"]]):
         raise TensorMismatchError(
             f"{where}: layout or unit size differs across ranks ("

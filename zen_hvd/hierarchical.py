@@ -146,11 +146,11 @@ class RecursiveDoubling:
                 f"its tag {tag} (a peer sent a different tensor or a corrupt message)")
         units = None
         index = buf[8:8 + nb]
-        if fmt == POSITIONS and not positions_in_range(index[:K * idt.itemsize].view(idt), M) or \
+        if fmt == POSITIONS and not positions_in_range(index[:K * idt.itemsize].view(idt), M, ascending=True) or \
                 fmt == BITMAP and not bitmap_holds(index.view(np.uint64), K, M):
             raise InvalidTensorError(
                 f"zen_hvd: tensor {name!r}: a hierarchy message holds units its tag does not count, "
-                "or positions out of range (a corrupt message)")
+                "or positions out of order or out of range (a corrupt message)")
         if fmt == POSITIONS:
             units = index[:K * idt.itemsize].view(idt).astype(np.int64)
         elif fmt == BITMAP:
@@ -166,7 +166,10 @@ class RecursiveDoubling:
         whose values cancel to zero, a sparse union keeps them, and every rank must agree."""
         payload, sent = self.encode(s, M) if send and peer is not None else (None, s)
         got = self.swap(transport, payload, peer, recv, s)
-        other = self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
+        try:
+            other = self.decode(got, M, s.values.shape[1], s.values.dtype, name) if got is not None else None
+        except InvalidTensorError as e:   # name the sender
+            raise InvalidTensorError(f"{e} [the message of rank {peer}]") from None
         return other, sent
 
     # -- where the sets live: numpy on the host (device_hierarchy.py overrides these) ------

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import auto, backend, device, device_hierarchy, ops, runtime
-from .header import COL, check_table, make_header, names_gatherer
+from .header import COL, InvalidTensorError, check_table, make_header, names_gatherer
 from .request import Request
 from .units import OK, ascending_order, layout_of, source, sparse_result, take_units, to_units, widened
 
@@ -179,7 +179,10 @@ def exchange_headers(name, header, tr) -> np.ndarray:
         sizes = [p.size for p in parts]
         table = np.stack([p[:H].view(np.int64) for p in parts if p.size >= H])
         check_table(name, table, NAMES)   # raises if a balanced peer is the cause
-        raise ValueError(f"zen_hvd: tensor {name!r}: header messages of sizes {sizes}, expected {H}")
+        bad = [r for r, size in enumerate(sizes) if size != H]
+        raise InvalidTensorError(
+            f"zen_hvd: tensor {name!r}: ranks {bad} sent header messages of "
+            f"{[sizes[r] for r in bad]} bytes, {H} expected (a corrupt message)")
     table = np.stack([p.view(np.int64) for p in parts])
     check_table(name, table, NAMES, names_gatherer(tr))
     return table

@@ -69,10 +69,15 @@ def unpack(buf, ks, idx_dtype, W, dtype) -> list:
     return out
 
 
-def positions_in_range(positions, bound: int) -> bool:
-    """Whether received positions (a peer's) all lie in [0, bound): checked before a kernel
-    indexes with them (numpy; the device path checks on the device, check_positions_kernel)."""
-    return positions.size == 0 or (int(positions.min()) >= 0 and int(positions.max()) < bound)
+def positions_in_range(positions, bound: int, ascending: bool = False) -> bool:
+    """Whether received positions (a peer's) all lie in [0, bound), and (ascending) rise
+    strictly, as a sender writes a set's positions: checked before a kernel indexes with them
+    (numpy; the device path checks on the device, check_positions_kernel)."""
+    if positions.size == 0:
+        return True
+    if ascending and positions.size > 1 and not bool((positions[1:] > positions[:-1]).all()):
+        return False
+    return int(positions.min()) >= 0 and int(positions.max()) < bound
 
 
 def bitmap_holds(words: np.ndarray, count: int, nbits: int) -> bool:
