@@ -179,6 +179,8 @@ for vals, rows in [(types.float32[::1], types.float32[:, ::1]), (types.float64[:
         "pack_kernel": (i32, vals, i64, i64, i64, i64, i64, i64, rows, types.boolean),
         "set_bits_kernel": (u64, i64),
         "check_positions_kernel": (i32, i, i64),
+        "mark_bad_kernel": (u64, i32, i, i64),
+        "clear_marks_kernel": (u64, i32, i),
         "word_block_sums_kernel": (u64, i, i64),
         "block_offsets_kernel": (i64, i, i, i64),
         "word_prefix_blocks_kernel": (u64, i, i64),
@@ -216,7 +218,8 @@ def ptx_report(cc):
     return [json.loads(ln.split(None, 1)[1]) for ln in stdout.splitlines() if ln.startswith("KERNEL")]
 
 
-KERNELS = {"pack_kernel", "set_bits_kernel", "check_positions_kernel", "word_block_sums_kernel",
+KERNELS = {"pack_kernel", "set_bits_kernel", "check_positions_kernel", "mark_bad_kernel",
+           "clear_marks_kernel", "word_block_sums_kernel",
            "block_offsets_kernel", "word_prefix_blocks_kernel", "add_part_kernel", "add_slots_kernel",
            "units_of_bitmap_kernel", "units_of_positions_kernel", "bitmap_positions_kernel",
            "scale_rows_kernel", "scatter_kernel"}
@@ -233,6 +236,8 @@ def test_gpu_data_path_compiles_to_ptx(cc):
     assert {name for name, _ in atoms} == KERNELS, atoms
     assert {name for name, counter in atoms if counter} == COUNTED, atoms
     assert any("or" in op for op in atoms["set_bits_kernel", False]), atoms     # the bitmap's atomic or
+    assert any("or" in op for op in atoms["mark_bad_kernel", False]), atoms     # test-and-set of a mark
+    assert any("and" in op for op in atoms["clear_marks_kernel", False]), atoms
     # deterministic aggregation: no atomics where values are added; the error counter's
     # integer add only where one is given
     for name in ("add_part_kernel", "add_slots_kernel", "scatter_kernel"):
