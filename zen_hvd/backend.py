@@ -9,6 +9,8 @@ A protocol (balanced.py) is written once against this small interface:
               same on numpy and torch); copy(dst, src);
   integers    ints(xs): python ints from scalars the backend produced (on the device, one
               copy to the host for all of them); host(bufs): small buffers as numpy;
+  inputs      source(tensor, layout): a units.Source; units_of(tensor, layout): unique
+              ascending units and their values;
   kernels     partition, pack, count_bad, set_bits, word_prefix, bitmap_positions, add_part, union,
               add_slots, scale_rows, outside, units_of_bitmap, units_of_positions, scatter,
               sort_rows: the same names and arguments on both, each the njit kernel or the
@@ -26,7 +28,7 @@ import torch
 from . import device
 from .cuda_kernels import data_path as cpu_kernels
 from .cuda_kernels import h0, hierarchical_hashing
-from .units import ascending_order, sorted_unique
+from .units import ascending_order, sorted_unique, source as host_source, to_units
 from .wire import positions_in_range
 
 _UNTIMED = contextlib.nullcontext()
@@ -85,6 +87,14 @@ class Host:
     @staticmethod
     def host(bufs) -> list:
         return list(bufs)
+
+    @staticmethod
+    def source(tensor, layout):
+        return host_source(tensor, layout)
+
+    @staticmethod
+    def units_of(tensor, layout):
+        return to_units(tensor, layout)
 
     # -- kernels ------------------------------------------------------------------------
     def partition(self, src, servers, seeds):
@@ -235,6 +245,14 @@ class Device:
     @staticmethod
     def host(bufs) -> list:
         return [np.asarray(b) for b in device.to_host(list(bufs))]
+
+    @staticmethod
+    def source(tensor, layout):
+        return device.source(tensor, layout)
+
+    @staticmethod
+    def units_of(tensor, layout):
+        return device.units_of(tensor, layout)
 
     # -- kernels ------------------------------------------------------------------------
     def partition(self, src, servers, seeds):

@@ -87,8 +87,8 @@ class BalancedParallelism:
     auto = True
     header_in_push = True
 
-    def sync(self, req, src, header, ctx, be):
-        """One sync of a Source (req: request.Request; header: this rank's header row, its
+    def sync(self, req, header, ctx, be):
+        """One sync of req.tensor (req: request.Request; header: this rank's header row, its
         counts still zero). Returns (units or None, values, info): with req.out (a dense
         [M, D] buffer of the backend, zero outside the union) the result is written there and
         units is None; otherwise values is a new [K, D] buffer of the union's units,
@@ -99,7 +99,10 @@ class BalancedParallelism:
         servers, vdtype = Servers(M, n, ctx.keys), req.vdtype
         idt = servers.idt
         isz, vsz = idt.itemsize, D * vdtype.itemsize
+        with be.step("units (non-zero rows, or coalesce)"):
+            src = be.source(req.tensor, layout)
         header = header.copy()
+        header[COL["error"]], header[COL["error_detail"]] = src.error, src.detail
 
         # 1. partition (Algorithm 1 on the device, h0 + counting placement on the host) and pack
         counts = np.zeros(n, np.int64)

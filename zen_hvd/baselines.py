@@ -26,7 +26,7 @@ import torch
 from .header import COUNTS
 from .units import sorted_unique
 from .hierarchical import DENSE, POSITIONS, Plan, RecursiveDoubling, nonzero_units
-from .oneshot import OneShotCentralization
+from .planned import Planned
 from .units import add_rows, widened
 from .wire import index_dtype, pack, part_nbytes, unpack
 
@@ -58,7 +58,7 @@ def pull_allgather(idx, vals, transport, idx_dtype, W, dtype):
     return parts
 
 
-class DenseAllReduce:
+class DenseAllReduce(Planned):
     """Dense AllReduce of the whole tensor (the baseline every figure normalizes to)."""
 
     name = "allreduce"
@@ -94,7 +94,7 @@ class SparCML(RecursiveDoubling):
         return POSITIONS
 
 
-class _Partitioned:
+class _Partitioned(Planned):
     """Uniform contiguous partitions: server p owns keys [bounds[p], bounds[p+1]); Push is an
     alltoallv of (key, W values) per key, Pull an allgatherv of the aggregated partitions."""
 

@@ -73,6 +73,25 @@ def make_header(name: str, layout: Layout, op: int, seed: int, scheme: int, *, c
     return row
 
 
+def exchange(name: str, header: np.ndarray, tr, scheme_names) -> np.ndarray:
+    """Round 1 without data: every rank's header, on every rank (a Push of the header alone),
+    checked. The same round as balanced parallelism's Push, so ranks that disagree about the
+    scheme still meet in it and raise the same error."""
+    H = header.nbytes
+    parts = tr.push(np.tile(header.view(np.uint8), tr.size), [H] * tr.size, control=H)
+    if any(p.size != H for p in parts):
+        sizes = [p.size for p in parts]
+        table = np.stack([p[:H].view(np.int64) for p in parts if p.size >= H])
+        check_table(name, table, scheme_names)   # raises if a balanced peer is the cause
+        bad = [r for r, size in enumerate(sizes) if size != H]
+        raise InvalidTensorError(
+            f"zen_hvd: tensor {name!r}: ranks {bad} sent header messages of "
+            f"{[sizes[r] for r in bad]} bytes, {H} expected (a corrupt message)")
+    table = np.stack([p.view(np.int64) for p in parts])
+    check_table(name, table, scheme_names, names_gatherer(tr))
+    return table
+
+
 def header_nbytes(n: int) -> int:
     """Bytes of a header row among n ranks (the fixed fields, then n Push counts)."""
     return 8 * (COUNTS + n)

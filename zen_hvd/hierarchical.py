@@ -35,6 +35,7 @@ import torch
 
 from .cuda_kernels import data_path, merge as kernels
 from .header import InvalidTensorError
+from .planned import Planned
 from .units import nonzero_rows, widened
 from .wire import BITMAP, DENSE, POSITIONS, bitmap_holds, bitmap_nbytes, index_dtype, pad8, positions_in_range
 
@@ -87,7 +88,7 @@ def nonzero_units(dense: torch.Tensor):
     return units.numpy(), dense.index_select(0, units)
 
 
-class RecursiveDoubling:
+class RecursiveDoubling(Planned):
     """The hierarchy shared by hierarchical centralization and SparCML; `choose_format`
     decides how one set travels."""
 

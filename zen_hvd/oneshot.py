@@ -36,8 +36,8 @@ class OneShotCentralization:
     auto = True
     header_in_push = True
 
-    def sync(self, req, src, header, ctx, be):
-        """One sync of a Source on the host (be: backend.HOST); the arguments and the result
+    def sync(self, req, header, ctx, be):
+        """One sync of req.tensor on the host (be: backend.HOST); the arguments and the result
         are balanced parallelism's (BalancedParallelism.sync); with req.repeats (and not
         req.ordered) the result keeps every rank's rows, repeated units included (see the
         module doc)."""
@@ -46,7 +46,9 @@ class OneShotCentralization:
         vdtype, prescale, scale, divisor = req.vdtype, req.prescale, req.scale, req.divisor
         idt = index_dtype(M)
         isz, vsz = idt.itemsize, D * vdtype.itemsize
+        src = be.source(req.tensor, layout)
         units, header = src.units, header.copy()
+        header[COL["error"]], header[COL["error_detail"]] = src.error, src.detail
         if header[COL["error"]] == OK and units.size and (units.min() < 0 or units.max() >= M):
             bad = units[(units < 0) | (units >= M)][0]
             header[COL["error"]], header[COL["error_detail"]] = INDEX_OUT_OF_RANGE, bad

@@ -19,6 +19,8 @@ class Request:
     repeats (with not ordered): the caller adds the rows of a repeated unit, as torch adds an
     uncoalesced gradient, so a scheme may return every rank's rows without merging them.
     out: a dense [M, D] buffer of the backend, zero outside the union, for the result.
+    The header row goes beside the request: every scheme fills its own copy (counts, nnz,
+    input error) and sends it in its first round.
     """
 
     name: str
@@ -31,3 +33,4 @@ class Request:
     ordered: bool = True
     repeats: bool = False
     out: object = None
+    tensor: object = None       # the input, on the backend's device (float16 widened for a Push)

@@ -4,7 +4,8 @@
                (header.py): every rank receives every rank's header and checks that all agree.
                Balanced parallelism's Push carries its data in this round; the other schemes
                send the header alone and then run their own pattern;
-    scheme  -> balanced: aggregate, Pull, decode (balanced.py); the others: plan and run;
+    scheme  -> every scheme's sync(request, header, ctx, backend) (schemes.py): balanced:
+               aggregate, Pull, decode (balanced.py); the others: plan and run (planned.py);
     layout  -> the result in the input's layout: sparse in, coalesced sparse out (or, with
                coalesced=False, the union in the servers' order); dense in, dense out;
                bitwise identical on every rank.
@@ -16,12 +17,13 @@ import contextlib
 import numpy as np
 import torch
 
-from . import auto, backend, device, device_hierarchy, ops, runtime
-from .header import COL, InvalidTensorError, check_table, make_header, names_gatherer
+from . import auto, backend, device, ops, runtime
+from .device_hierarchy import SCHEMES as DEVICE_TWINS
+from .header import COL, exchange, make_header
 from .request import Request
-from .units import OK, ascending_order, layout_of, source, sparse_result, take_units, to_units, widened
-
 from .schemes import NAMES, SCHEMES  # "auto" resolves to one of SCHEMES per call
+from .units import layout_of, sparse_result, widened
+
 last_sync: dict = {}  # what the most recent sync saw: counts, bytes, imbalance (stats.py)
 
 
@@ -123,39 +125,28 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
         if layout.num_units == 0:   # an empty table: the header round alone (the ranks must agree)
             header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code,
                                  counts=np.zeros(tr.size, np.int64), step=step)
-            table = exchange_headers(name, header, tr)
+            table = exchange(name, header, tr, NAMES)
             units, values = np.zeros(0, np.int64), torch.zeros((0, layout.unit_size), dtype=cpu.dtype)
             info = dict(nnz=table[:, COL["nnz"]].copy(), union_size=0)
             if out is not None:
                 units, values = None, out
-        elif SCHEMES[chosen].header_in_push:
-            wide = widened(cpu)
-            be = backend.Device(wide.device) if on_device else backend.HOST
-            src = (device.source if on_device else source)(wide, layout)
-            header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code,
-                                 counts=np.zeros(tr.size, np.int64), error=src.error,
-                                 error_detail=src.detail, step=step,
-                                 route=tr.route(wide.device) if on_device else 0)
-            fits = out is not None and out.dtype == wide.dtype and out.device == wide.device
-            req = Request(name, layout, backend.numpy_dtype(wide.dtype), NAMES,
-                          float(prescale_factor), scale, divisor, ordered, repeats,
-                          out=(out if on_device else out.numpy()) if fits else None)
-            units, values, info = SCHEMES[chosen].sync(req, src, header, ctx, be)
-            values = values if on_device else torch.from_numpy(values)
-            if out is not None and not fits:
-                out.copy_(values)
-                units, values = None, out
         else:
-            units, values, info = _run_scheme(chosen, name, cpu, layout, ctx, op=op, step=step, on_device=on_device)
-            if floating:   # one pass: the factors and Average's 1/n together, as balanced's scale
-                factor = float(prescale_factor) * scale
-                values = values * factor if factor != 1.0 else values
-            else:
-                values = values * prescale_factor if prescale_factor != 1.0 else values
-                values = values.div(divisor, rounding_mode="trunc") if divisor else values
-                values = values * postscale_factor if postscale_factor != 1.0 else values
-            if out is not None:
-                if len(units):
+            impl = DEVICE_TWINS.get(chosen, SCHEMES[chosen]) if on_device else SCHEMES[chosen]
+            # float16 and bfloat16 travel and add as float32 in the schemes with their own Push
+            t = widened(cpu) if impl.header_in_push else cpu
+            be = backend.Device(t.device) if on_device else backend.HOST
+            header = make_header(name, layout, op, ctx.seed, impl.code, counts=np.zeros(tr.size, np.int64),
+                                 step=step, route=tr.route(t.device) if on_device else 0)
+            fits = impl.header_in_push and out is not None and out.dtype == t.dtype and out.device == t.device
+            req = Request(name, layout, backend.numpy_dtype(t.dtype), NAMES, float(prescale_factor), scale,
+                          divisor, ordered, repeats, tensor=t,
+                          out=(out if on_device else out.numpy()) if fits else None)
+            units, values, info = impl.sync(req, header, ctx, be)
+            values = torch.from_numpy(values) if isinstance(values, np.ndarray) else values
+            if out is not None:   # the dense result into `out` (written there already if it fits)
+                if units is None and not fits:
+                    out.copy_(values)
+                elif units is not None and len(units):
                     out[torch.as_tensor(units, device=out.device)] = values.to(device=out.device, dtype=out.dtype)
                 units, values = None, out
         outputs += [units, values]
@@ -167,49 +158,3 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     last_sync.update(info, name=name, scheme=chosen, n=tr.size, num_units=layout.num_units,
                      unit_size=layout.unit_size)
     return layout, units, values, info
-
-
-def exchange_headers(name, header, tr) -> np.ndarray:
-    """Round 1 without data: every rank's header, on every rank (a Push of the header alone),
-    checked. The same round as balanced parallelism's Push, so ranks that disagree about the
-    scheme still meet in it and raise the same error."""
-    H = header.nbytes
-    parts = tr.push(np.tile(header.view(np.uint8), tr.size), [H] * tr.size, control=H)
-    if any(p.size != H for p in parts):
-        sizes = [p.size for p in parts]
-        table = np.stack([p[:H].view(np.int64) for p in parts if p.size >= H])
-        check_table(name, table, NAMES)   # raises if a balanced peer is the cause
-        bad = [r for r, size in enumerate(sizes) if size != H]
-        raise InvalidTensorError(
-            f"zen_hvd: tensor {name!r}: ranks {bad} sent header messages of "
-            f"{[sizes[r] for r in bad]} bytes, {H} expected (a corrupt message)")
-    table = np.stack([p.view(np.int64) for p in parts])
-    check_table(name, table, NAMES, names_gatherer(tr))
-    return table
-
-
-
-def _run_scheme(chosen, name, cpu, layout, ctx, *, op, step, on_device=False):
-    """Hierarchical centralization and the baselines: header round, then the scheme's run (on
-    the tensor's device when on_device: its units and values stay tensors there)."""
-    tr = ctx.transport
-    units, values, error, detail = (device.units_of if on_device else to_units)(cpu, layout)
-    impl = (device_hierarchy.SCHEMES if on_device else SCHEMES)[chosen]
-    plan = impl.plan(units, values, layout, tr, ctx.seed) if error == OK else None
-    if plan is not None:
-        plan.name = name
-    counts = plan.counts if plan is not None else np.zeros(tr.size, np.int64)
-    header = make_header(name, layout, op, ctx.seed, SCHEMES[chosen].code, counts=counts, error=error,
-                         error_detail=detail, nnz=0 if units is None else len(units), step=step,
-                         route=tr.route(cpu.device) if on_device else 0)
-    table = exchange_headers(name, header, tr)
-    out_units, out_values, info = impl.run(plan, table, tr)
-    info = dict(info, nnz=table[:, COL["nnz"]].copy())
-    if len(out_units) > 1 and not bool((out_units[1:] > out_units[:-1]).all()):
-        if on_device:
-            out_units, order = torch.sort(out_units)
-            out_values = out_values[order]
-        else:
-            order = ascending_order(out_units)
-            out_units, out_values = out_units[order], take_units(out_values, order)
-    return out_units, out_values, info
