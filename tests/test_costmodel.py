@@ -69,14 +69,16 @@ def test_characteristics_command_explains_and_writes_every_column(tmp_path, caps
 
 def test_message_steps_count_the_header_round_of_the_schemes_whose_headers_do_not_ride_in_a_push():
     # balanced: Push and Pull, its headers inside the Push; agsparse: one Push of its whole
-    # set, the header inside; the others: exchange_headers first.
+    # set, the header inside; the others: the header round (header.exchange) first.
     assert costmodel.message_steps(4, "balanced") == 2
     assert costmodel.message_steps(4, "agsparse") == 1
     assert costmodel.message_steps(4, "hierarchical") == 2 * 2 + 1
     assert costmodel.message_steps(6, "hierarchical") == 2 * 2 + 4 + 1   # fold and unfold
     assert costmodel.message_steps(4, "allreduce") == 2 * 3 + 1
-    # The schemes the cost model spares the header round are those sync.py runs by their
-    # own sync (header in their Push), and no others.
+    # The schemes the cost model spares the header round are exactly those that do not run
+    # planned.Planned's sync (whose header round is header.exchange).
+    from zen_hvd.planned import Planned
     from zen_hvd.sync import SCHEMES
 
-    assert set(costmodel.HEADER_IN_PUSH) == {s for s, impl in SCHEMES.items() if hasattr(impl, "sync")}
+    assert set(costmodel.HEADER_IN_PUSH) == {"balanced", "agsparse"}
+    assert set(costmodel.HEADER_IN_PUSH) == {s for s, impl in SCHEMES.items() if not isinstance(impl, Planned)}

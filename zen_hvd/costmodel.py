@@ -114,8 +114,8 @@ def _independent_blocks(M, d_G, gamma_n, value_bytes, D=1):
 
 
 def message_steps(n: int, scheme: str) -> int:
-    """Message steps of one sync: the scheme's pattern, plus the header round (sync.py's
-    exchange_headers) for every scheme that does not carry the header in its own first round
+    """Message steps of one sync: the scheme's pattern, plus the header round
+    (header.exchange) for every scheme that does not carry the header in its own first round
     (schemes.HEADER_IN_PUSH)."""
     p = 1 << (n.bit_length() - 1)
     hops = 2 * (p.bit_length() - 1) + (4 if n > p else 0)

@@ -110,7 +110,7 @@ def real_sync(units, values, M, repeats, device, failures):
     import torch
 
     import zen_hvd
-    from .. import device
+    from .. import device as device_path
 
     zen_hvd.init()
     t = torch.sparse_coo_tensor(torch.from_numpy(units).reshape(1, -1), torch.from_numpy(values),
@@ -121,7 +121,7 @@ def real_sync(units, values, M, repeats, device, failures):
     d = t.to(device)
     per_step, totals = [], []
     for r in range(repeats + 1):
-        with device.time_steps() as seconds:
+        with device_path.time_steps() as seconds:
             t0 = time.perf_counter()
             got = zen_hvd.sparse_allreduce(d, name="gpu_check.device", op=zen_hvd.Sum, scheme="balanced")
             if got.is_cuda:
