@@ -32,6 +32,13 @@ the headers are counted as control bytes):
         + |I'_s| D value bytes,
 which is the paper's 2 (n-1)/n (gamma_n + 1) d_G M traffic with the Pull indices replaced by
 at most M (n-1) / (8 n) bitmap bytes.
+
+The protocol is written once over a backend (backend.py): numpy and the njit kernels on the
+host, torch tensors and the CUDA kernels on the device, the same steps and names. What a rank
+receives is checked before any kernel touches it: a Push part's size, its header's counts,
+its positions in the server's range and not repeated (a server answers a bad part with a tag
+naming its sender, so every rank raises after the Pull); a Pull message's size against its
+tag, its bitmap's popcount, its positions ascending and in range.
 """
 from __future__ import annotations
 
