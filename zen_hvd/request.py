@@ -25,7 +25,7 @@ class Request:
 
     name: str
     layout: Layout
-    vdtype: np.dtype            # the values' dtype on the wire (float16 travels as float32)
+    vdtype: np.dtype | None     # the values' dtype on a Push scheme's wire (float16 travels as float32)
     scheme_names: dict          # header code -> scheme name, for the errors
     prescale: float = 1.0
     scale: float = 1.0

@@ -138,7 +138,8 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
             header = make_header(name, layout, op, ctx.seed, impl.code, counts=np.zeros(tr.size, np.int64),
                                  step=step, route=tr.route(t.device) if on_device else 0)
             fits = impl.header_in_push and out is not None and out.dtype == t.dtype and out.device == t.device
-            req = Request(name, layout, backend.numpy_dtype(t.dtype), NAMES, float(prescale_factor), scale,
+            vdtype = backend.numpy_dtype(t.dtype) if impl.header_in_push else None   # numpy has no bfloat16
+            req = Request(name, layout, vdtype, NAMES, float(prescale_factor), scale,
                           divisor, ordered, repeats, tensor=t,
                           out=(out if on_device else out.numpy()) if fits else None)
             units, values, info = impl.sync(req, header, ctx, be)
