@@ -96,6 +96,10 @@ check("float64", rows(800, 3, 0.05, 0.5, 0.5, 8, dtype=np.float64), rtol=1e-12)
 check("element_dgc", rows(20_000, 1, 0.05, 0.2, 0.2, 9, shape=(100, 200)))
 check("wide_rows", rows(200, 300, 0.1, 0.3, 1.0, 10))                 # OmniReduce block = 1 row
 check("dense_in", [t.to_dense() for t in rows(500, 8, 0.05, 0.3, 1.0, 11)])
+# half precision (small integer values: exact in bfloat16 and float16 sums of a few ranks)
+for half in (torch.bfloat16, torch.float16):
+    check(f"{half}", [torch.sparse_coo_tensor(t.indices(), t.values().round().to(half), t.shape)
+                      for t in (u.coalesce() for u in rows(400, 4, 0.05, 0.5, 0.0, 12))])
 
 # auto: the same choice on every rank, at every call; the choice is logged and exposed.
 # Re-check at every call: two overlapping steps (balanced), then disjoint sets, where
