@@ -110,7 +110,7 @@ class _ZenDistributedOptimizer(torch.optim.Optimizer):
             if zp is None:
                 return horovod_hook(*args)
             zen = self._zen
-            if self._allreduce_delay[p] <= 0 and p in zen.round.arrived_params:
+            if self._allreduce_delay[p] <= 0 and p in zen.round.arrived:
                 raise AssertionError(_TOO_MANY_PASSES)
             assert not p.grad.requires_grad
             zen.touched.add(zp)

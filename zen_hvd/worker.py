@@ -29,14 +29,13 @@ from .header import TensorMismatchError
 
 class Round:
     """One step's Zen syncs: a ready event per item (Zen parameter or DGC bucket), the
-    parameters arrived so far per bucket, whether the gradient is fresh (a backward pass, any
+    parameters whose gradients arrived, whether the gradient is fresh (a backward pass, any
     parameter's hook, or zero_grad() reached the optimizer), the results, the first error."""
 
     def __init__(self, order, step):
         self.step, self.fresh = step, False
         self.ready = {zp: threading.Event() for zp in order}
-        self.arrived = {item: 0 for item in order}   # parameters of each item arrived so far
-        self.arrived_params = set()
+        self.arrived = set()   # the parameters whose gradients have arrived
         self.touched = set()
         self.results, self.error = {}, None
         self.started, self.done = False, threading.Event()
@@ -91,9 +90,8 @@ class Worker:
     def arrive(self, item, param):
         """The item's parameter `param` has its gradient; the item is ready with the last."""
         with self._lock:
-            self.round.arrived_params.add(param)
-            self.round.arrived[item] += 1
-            if self.round.arrived[item] < len(item.params):
+            self.round.arrived.add(param)
+            if not all(p in self.round.arrived for p in item.params):
                 return
         self.mark_ready(item)
 
