@@ -1,9 +1,8 @@
 """Transport over mpi4py on a private communicator: Push and Pull point to point.
 
-Push and Pull: one Isend per peer, then a matched probe (Mprobe) per incoming message gives its
-size; all incoming messages land in one receive buffer allocated once their sizes are known.
-So a round costs one message per peer, and no size exchange. pull_joined receives each
-message where its body belongs, so the bodies end up back to back without a copy. The collectives (Alltoallv,
+Push and Pull: one Isend per peer, then a matched probe (Improbe) per incoming message gives its
+size, and its receive starts at once, so every peer's message moves at the same time. A round
+costs one message per peer, and no size exchange. The collectives (Alltoallv,
 Allgatherv, Allgather, Allreduce) serve the baselines and control values. Every wait (probes,
 sends, the collectives in their non-blocking form) polls under the stall policy (stall.py): a
 dead or departed peer ends the wait with an error naming the tensor and the missing ranks.
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import PointToPoint, body_of, copy, displacements, empty_like, pad8, split
+from .transport import PointToPoint, displacements, empty_like, joined
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
@@ -53,6 +52,7 @@ def cuda_aware(MPI) -> bool:
 class Mpi4pyTransport(PointToPoint):
     name = "mpi4py"
     push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
+    ring_capable = True
 
     def __init__(self, ranks=None):
         """Among the MPI ranks `ranks` (ascending; None: every rank of the job)."""
@@ -111,20 +111,16 @@ class Mpi4pyTransport(PointToPoint):
         return f"{each} (this rank is in sync {self.syncs})"
 
     def _exchange(self, sends, tag):
-        """sends[r] (uint8 numpy, a tensor, or None) goes to rank r; returns the received parts
-        as views of one buffer where the sends live (the part from this rank is empty)."""
-        MPI, comm, me = self._MPI, self.comm, self.rank
+        """sends[r] (uint8 numpy, a tensor, or None) goes to rank r; returns the received parts,
+        each in its own buffer where the sends live (the part from this rank is empty)."""
+        comm, me = self.comm, self.rank
         reqs = [(r, comm.Isend(self._buffer(buf), dest=r, tag=tag))
                 for r, buf in enumerate(sends) if r != me]
-        # Probe per source, not ANY_SOURCE: a peer that raised a header error may already
-        # have sent its next sync's message, which must wait behind this one (MPI keeps each
-        # source's messages in order).
-        msgs, counts = self._probe([r for r in range(self.size) if r != me], tag)
-        parts = split(empty_like(next(b for b in sends if b is not None), sum(counts)), counts)
-        for src, msg in enumerate(msgs):
-            if msg is not None:
-                msg.Recv(self._buffer(parts[src]))
+        like = next(b for b in sends if b is not None)
+        parts = self._receive([r for r in range(self.size) if r != me], tag,
+                              lambda src, nbytes: empty_like(like, nbytes))
         self._wait(reqs)
+        parts[me] = empty_like(like, 0)
         return parts
 
     def _buffer(self, buf):
@@ -134,27 +130,38 @@ class Mpi4pyTransport(PointToPoint):
             buf = buf.numpy()
         return [buf, self._MPI.BYTE]
 
-    def _probe(self, sources, tag):
-        """A matched probe of one message from each source, polled under the stall policy
-        (MPI's own blocking probe spins, and on ranks that share cores the spinning takes the
-        cores from the ranks still computing). Returns (messages, byte counts) per rank."""
+    def _receive(self, sources, tag, alloc):
+        """One message from each source, each received as soon as it is there: a matched probe
+        (Improbe) gives its size, alloc(source, nbytes) its buffer, and its receive
+        (Message.Irecv) starts at once. So every peer's message moves at the same time: the bulk of a long
+        message (MPI's rendezvous) flows only once its receive is posted, and receiving the
+        messages one after another would move one peer's at a time. Probes go per source, not
+        ANY_SOURCE: a peer that raised a header error may already have sent its next sync's
+        message, which must wait behind this one (MPI keeps each source's messages in order).
+        Polled under the stall policy (MPI's blocking calls spin, and on ranks that share
+        cores the spinning takes the cores from the ranks still computing). Returns the
+        buffers, a list indexed by rank (None where no message was expected)."""
         MPI, status = self._MPI, self._MPI.Status()
-        msgs, counts, pending = [None] * self.size, [0] * self.size, list(sources)
+        got, pending, reqs = [None] * self.size, list(sources), []
 
         def arrived():
-            for src in list(pending):
-                msg = self.comm.Improbe(source=src, tag=tag, status=status)
-                if msg is not None:
-                    msgs[src], counts[src] = msg, status.Get_count(MPI.BYTE)
-                    pending.remove(src)
-            return not pending
+            if pending and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
+                for src in list(pending):
+                    msg = self.comm.Improbe(source=src, tag=tag, status=status)
+                    if msg is not None:
+                        got[src] = alloc(src, status.Get_count(MPI.BYTE))
+                        reqs.append(msg.Irecv(self._buffer(got[src])))
+                        pending.remove(src)
+            return not pending and MPI.Request.Testall(reqs)
+
+        def missing():
+            return f"the messages of {stall.ranks_phrase(pending)}" if pending else "messages still arriving"
 
         def gone():   # a message sent before its sender's farewell is taken first
             return None if arrived() else self._gone(pending)
 
-        stall.wait(arrived, self.policy, lambda: self._what(tag),
-                   lambda: f"the messages of {stall.ranks_phrase(pending)}", gone)
-        return msgs, counts
+        stall.wait(arrived, self.policy, lambda: self._what(tag), missing, gone)
+        return got
 
     def _wait(self, reqs):
         """Wait for (peer, request) pairs under the stall policy."""
@@ -176,29 +183,37 @@ class Mpi4pyTransport(PointToPoint):
 
 
     def _pull_joined(self, send, body_nbytes):
-        """The bodies received in place: message r is received where body r starts, right
-        after body r - 1, so its tail lands where body r + 1 will go; the tail is copied out
-        before the next receive overwrites it. No pass over the bodies besides MPI's own.
-        numpy buffers, or tensors on one device (the device route)."""
-        MPI, comm, me = self._MPI, self.comm, self.rank
-        reqs = [(r, comm.Isend(self._buffer(send), dest=r, tag=PULL_TAG)) for r in range(self.size) if r != me]
-        msgs, counts = self._probe([r for r in range(self.size) if r != me], PULL_TAG)
-        counts[me] = len(send)
-        buf = empty_like(send, sum(counts))
-        off, tails = 0, []
-        for r in range(self.size):
-            message = buf[off:off + counts[r]]
-            if r == me:
-                b = body_of(send, body_nbytes)
-                message[:b] = send[:b]
-                tails.append(send[pad8(b):])
-            else:
-                msgs[r].Recv(self._buffer(message))
-                b = body_of(message, body_nbytes)
-                tails.append(copy(message[pad8(b):]))
-            off += b
+        """Every message received as it arrives, then the bodies copied together: from every
+        peer at once (_receive), or around the ring (pull_route). numpy buffers, or tensors on
+        one device (the device route)."""
+        if self.pull_route() == "ring":
+            parts, sent = self._ring(send, PULL_TAG)
+        else:
+            reqs = [(r, self.comm.Isend(self._buffer(send), dest=r, tag=PULL_TAG))
+                    for r in range(self.size) if r != self.rank]
+            parts = self._receive([r for r in range(self.size) if r != self.rank], PULL_TAG,
+                                  lambda src, nbytes: empty_like(send, nbytes))
+            self._wait(reqs)
+            sent = len(send) * (self.size - 1)
+        parts[self.rank] = send
+        return joined(parts, body_nbytes), sum(len(p) for p in parts) - len(send), sent
+
+    def _ring(self, send, tag):
+        """Every rank's `send` to every rank around the ring: at step t = 0..n-2 this rank
+        sends its right neighbour the message it received at step t - 1 (its own at t = 0)
+        and receives from its left neighbour the message of rank (me - 1 - t) mod n. Each link
+        carries one message at a time, back to back (see pull_route). Returns (the messages
+        by rank, bytes sent)."""
+        n, me = self.size, self.rank
+        right, left = (me + 1) % n, (me - 1) % n
+        parts, reqs, message, sent = [None] * n, [], send, 0
+        for t in range(n - 1):
+            reqs.append((right, self.comm.Isend(self._buffer(message), dest=right, tag=tag)))
+            sent += len(message)
+            message = self._receive([left], tag, lambda src, nbytes: empty_like(send, nbytes))[left]
+            parts[(me - 1 - t) % n] = message
         self._wait(reqs)
-        return (buf[:off], tails), sum(counts) - len(send)
+        return parts, sent
 
     # -- device buffers: the same rounds on tensors, for a CUDA-aware MPI -----------------
     def moves_cuda(self, device):
@@ -253,10 +268,8 @@ class Mpi4pyTransport(PointToPoint):
         reqs = [(peer, self.comm.Isend(self._buffer(send), dest=peer, tag=STEP_TAG))] if send is not None else []
         got = None
         if receive:
-            msgs, counts = self._probe([peer], STEP_TAG)
-            got = np.empty(counts[peer], np.uint8) if device is None else \
-                torch.empty(counts[peer], dtype=torch.uint8, device=device)
-            msgs[peer].Recv(self._buffer(got))
+            got = self._receive([peer], STEP_TAG, lambda src, nbytes: np.empty(nbytes, np.uint8) if device is None
+                                else torch.empty(nbytes, dtype=torch.uint8, device=device))[peer]
         self._wait(reqs)
         return got
 

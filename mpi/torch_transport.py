@@ -449,7 +449,7 @@ class TorchTransport(PointToPoint):
         for r in peers:
             recvs += [(r, bodies[starts[r]:starts[r] + cut[r]]), (r, tails[r])]
         self._batch(send.device, [(r, t) for r in peers for t in ours], recvs)
-        return (bodies, tails), int(sum(n for n, _ in rows) - send.numel())
+        return (bodies, tails), int(sum(n for n, _ in rows) - send.numel()), send.numel() * len(peers)
 
     def _swap_device(self, send, peer, receive, device):
         """One step of a hierarchy in the sized protocol: the size over gloo, then the data."""

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 DEVICE_BUFFERS_VAR = "ZEN_HVD_DEVICE_BUFFERS"   # "1": CPU buffers take the device route too
+PULL_VAR = "ZEN_HVD_PULL"                       # Transport.pull_route
+PULL_RING_RANKS = 8
 
 
 @dataclasses.dataclass
@@ -68,6 +70,7 @@ class Transport:
     broken = False            # a peer was lost: the next sync builds a new transport
     syncs = 0                 # syncs begun on this transport (set by the sync, for errors)
     sizes_first = False       # its device route sends other messages than its host route
+    ring_capable = False      # its Pull can go around a ring (pull_route)
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -184,17 +187,35 @@ class Transport:
             if not self.moves_device_memory(send.device):
                 bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
                 return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
-            got, received = self._pull_joined_device(send, body_nbytes)
-            self._count(send.numel() * (self.size - 1), received, control)
+            got, received, sent = self._pull_joined_device(send, body_nbytes)
+            self._count(sent, received, control)
             return got
         assert send.dtype == np.uint8
-        got, received = self._pull_joined(send, body_nbytes)
-        self._count(send.size * (self.size - 1), received, control)
+        got, received, sent = self._pull_joined(send, body_nbytes)
+        self._count(sent, received, control)
         return got
 
     def _pull_joined(self, send, body_nbytes):
+        """((bodies, tails), bytes received, bytes sent)."""
         parts = self._pull(send)
-        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
+        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size, send.size * (self.size - 1)
+
+    def pull_route(self) -> str:
+        """How a Pull reaches every rank: "direct" (every rank sends its message to every
+        peer at once) or "ring" (n - 1 steps, each rank forwarding to its right neighbour what
+        its left one sent: each link carries one message at a time). Same bytes received; the
+        ring's steps run one after another, but its links stay busy and few flows compete
+        for them, which is what a bandwidth-bound network with TCP needs: many short
+        concurrent flows, each restarting from TCP's initial window after the idle time
+        between syncs, leave a shaped link idle half the time. ZEN_HVD_PULL ("direct", "ring"
+        or "auto", the default: the ring from PULL_RING_RANKS ranks on point-to-point
+        transports; the same on every rank, or the rounds do not meet)."""
+        choice = os.environ.get(PULL_VAR) or "auto"
+        if choice not in ("auto", "direct", "ring"):
+            raise ValueError(f"{PULL_VAR} must be 'auto', 'direct' or 'ring', not {choice!r}")
+        if choice == "auto":
+            return "ring" if self.ring_capable and self.size >= PULL_RING_RANKS else "direct"
+        return choice if self.ring_capable else "direct"
 
     # -- device buffers (the device data path, zen_hvd/device.py) ------------------------
     def moves_device_memory(self, device) -> bool:

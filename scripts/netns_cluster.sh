@@ -45,17 +45,23 @@ down() {
     ip netns del "$ns" || true
   done
   rm -f "${AGENT:-}"
+  if [ -n "${SESSIONS:-}" ]; then rm -rf "$SESSIONS"; fi
 }
 
 # The rsh agent Open MPI calls as `agent [options] HOST CMD...`: run CMD in HOST's namespace.
 write_agent() {
   AGENT=$(mktemp /tmp/zen_netns_agent.XXXXXX)
+  SESSIONS=$(mktemp -d /tmp/zen_netns_sessions.XXXXXX)
   cat > "$AGENT" <<EOF
 #!/bin/sh
+TMPDIR_BASE=$SESSIONS
 while [ \$# -gt 0 ]; do case "\$1" in -*) shift;; *) break;; esac; done
 host=\$1; shift
 ns=$PREFIX\$(( \${host##*.} - 1 ))
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
+# Every host's daemon gets its own session directory: they share /tmp and one host name, and
+# two daemons creating the same directory at once fail ("File exists").
+mkdir -p "\$TMPDIR_BASE/\$ns"
+exec ip netns exec "\$ns" env OMPI_MCA_orte_tmpdir_base="\$TMPDIR_BASE/\$ns" /bin/sh -c "\$*"
 EOF
   chmod +x "$AGENT"
 }

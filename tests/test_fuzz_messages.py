@@ -37,6 +37,9 @@ DEVICE_EXAMPLES = int(os.environ.get("ZEN_HVD_FUZZ_DEVICE_EXAMPLES", "1"))
 DEVICE = os.environ.get("ZEN_HVD_FUZZ_DEVICE") == "1"
 ENV = {
     "ZEN_HVD_TRANSPORT": "mpi4py",
+    # The Pull corrupter sends one message per peer (Transport.pull_route "direct"); the ring
+    # forwards each message as it came, so the checks on receipt are the same.
+    "ZEN_HVD_PULL": "direct",
     # A rank left waiting for a peer that raised is ended by that peer's farewell (within a
     # second); the deadline only ends a wait no farewell ends (a sync of these small tensors
     # takes milliseconds).

@@ -19,6 +19,13 @@ def test_sync_cases_torch_transport_mpirun(ranks):
     assert "all cases passed" in proc.stdout and "torch transport" in proc.stdout
 
 
+@pytest.mark.parametrize("transport,ranks", [("mpi4py", 4), ("torch", 3), ("horovod", 3)])
+def test_sync_cases_with_one_rank_delayed_at_random(transport, ranks):
+    # Rank 1's messages leave late and in a changing order: the same bits, the same errors.
+    proc = mpirun(ranks, "sync_cases.py", "--transport", transport, "--delay", "--examples", 6)
+    assert "all cases passed" in proc.stdout
+
+
 def test_sync_cases_horovodrun_gloo():
     # No MPI job: the default transport is torch.distributed point to point.
     proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)

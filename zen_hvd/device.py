@@ -27,36 +27,44 @@ from .units import INDEX_OUT_OF_RANGE, Source, nonzero_rows
 
 TORCH = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}
 _UNTIMED = contextlib.nullcontext()
-_seconds = None   # {step: seconds} while time_steps() is active
+_record = None   # (seconds, events) while time_steps() is active
 
 
 @contextlib.contextmanager
 def time_steps():
-    """Yields {step: seconds}, summed over the syncs run inside the block; each step is timed
+    """Yields (seconds, events): {step: seconds} summed over the syncs run inside the block,
+    and every step run as (step, start, end) in time.perf_counter() seconds (a timeline of the
+    sync, comparable across the ranks of one machine). Each step of a device sync is timed
     between device synchronizations, which a sync otherwise never waits for."""
-    global _seconds
-    _seconds, outer = {}, _seconds
+    global _record
+    _record, outer = ({}, []), _record
     try:
-        yield _seconds
+        yield _record
     finally:
-        _seconds = outer
+        _record = outer
 
 
 def step(name, device):
-    """The context of one step of a sync: timed under time_steps(), else nothing."""
-    return _UNTIMED if _seconds is None else _timed(name, device, _seconds)
+    """The context of one step of a sync: timed under time_steps(), else nothing. device: the
+    tensor's device, or None on the host path."""
+    return _UNTIMED if _record is None else _timed(name, device, _record)
 
 
 @contextlib.contextmanager
-def _timed(name, device, seconds):
+def _timed(name, device, record):
     import time
 
-    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
-    wait(device)
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     yield
-    wait(device)
-    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    seconds, events = record
+    seconds[name] = seconds.get(name, 0.0) + t1 - t0
+    events.append((name, t0, t1))
 
 
 def wanted(layout) -> bool:

@@ -263,8 +263,9 @@ class Corrupter:
         hook = {("balanced", "push"): "_push", ("hierarchical", "header"): "_push",
                 ("agsparse", "push"): "_push_all", ("balanced", "pull"): "_pull_joined",
                 ("hierarchical", "step"): "_swap"}[(self.scheme, self.rnd)]
-        if hook == "_pull_joined" and not hasattr(self.tr, "_exchange"):
-            raise HarnessError("the Pull corrupter needs a point-to-point transport's _exchange")
+        if hook == "_pull_joined" and (not hasattr(self.tr, "_exchange") or self.tr.pull_route() != "direct"):
+            raise HarnessError("the Pull corrupter needs a point-to-point transport's _exchange and "
+                               "the direct Pull (ZEN_HVD_PULL=direct)")
         self.orig_push = self.tr._push
         self.orig = getattr(self.tr, hook)
         setattr(self.tr, hook, getattr(self, hook[1:]))
@@ -322,7 +323,7 @@ class Corrupter:
         msgs = self.corrupt_each([send] * self.n, "pull")
         parts = self.tr._exchange(msgs, tag)
         parts[self.me] = send
-        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size
+        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size, send.size * (self.n - 1)
 
     def swap(self, send, peer, receive, *rest):
         if send is not None and peer is not None:

@@ -2,10 +2,14 @@
 
     mpirun -np N python tests/mpi/sync_cases.py [--transport mpi4py|horovod|torch] [--examples K]
     torchrun --nproc-per-node N tests/mpi/sync_cases.py [--examples K]     (no Horovod needed)
+    ... sync_cases.py --delay            (rank 1's messages leave after random pauses)
 
 Every rank builds every rank's input from a shared seed, so each rank checks its result
 against an independent float64 sum of all inputs (what a dense allreduce computes), checks
-that the result is bitwise identical on all ranks, and that no unit is lost. Exits non-zero
+that the result is bitwise identical on all ranks, and that no unit is lost. With --delay rank 1 sends every message after a random pause, so the
+others receive its messages late and in a changing order: every sync then runs twice, without
+the pauses and with them, and the two results must be the same bits (the servers add in rank
+order whatever order the parts arrive in); the error cases run with the pauses. Exits non-zero
 (on every rank) at the first failure.
 """
 import argparse
@@ -16,27 +20,41 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from common import digest, make_sparse, same_on_all_ranks
+from common import DelayedSends, digest, make_sparse, same_on_all_ranks
 
 import zen_hvd
-from zen_hvd import runtime, workloads
+from zen_hvd import auto, runtime, workloads
 from zen_hvd.header import InvalidTensorError, TensorMismatchError
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--transport", default=None)
 parser.add_argument("--examples", type=int, default=25)
+parser.add_argument("--delay", action="store_true")
 args = parser.parse_args()
 
 zen_hvd.init()
 n, me = zen_hvd.size(), zen_hvd.rank()
 T = args.transport
 tr = runtime.get_transport(T)
+delayed = DelayedSends(tr, seed=7) if args.delay and me == 1 else None
+if delayed:
+    delayed.on = True
 DT = {"float32": torch.float32, "float64": torch.float64}
 
 
 def check(name, inputs, op=zen_hvd.Sum, rtol=1e-5, **kw):
     """inputs: the tensors of all ranks; this rank syncs inputs[me]."""
+    scheme = kw.get("scheme", "auto")
+    if scheme == "auto":   # the scheme auto runs this call (it may change at the next)
+        scheme = zen_hvd.scheme_choices().get(name, {}).get("scheme", auto.FIRST)
     out = zen_hvd.sparse_allreduce(inputs[me], name=name, op=op, transport=T, **kw)
+    if args.delay:   # once more, rank 1's messages not delayed: the same bits
+        if delayed:
+            delayed.on = False
+        plain = zen_hvd.sparse_allreduce(inputs[me], name=name, op=op, transport=T, **{**kw, "scheme": scheme})
+        if delayed:
+            delayed.on = True
+        assert digest(plain) == digest(out), f"{name}: the result depends on the order messages arrive in"
     dense = [t.to_dense() if t.is_sparse else t for t in inputs]
     ref = sum(d.double() for d in dense)
     if op == zen_hvd.Average:
@@ -162,7 +180,7 @@ def check_bytes(name, M, density):
     expected = sum(pad8(c * 4) + c * 32 for r, c in enumerate(info["push_counts"][:, me]) if r != me)
     expected += sum(8 + min(bitmap_nbytes(h0.server_size(M, n, s)), pad8(k * 4)) + k * 32
                     for s, k in enumerate(info["pull_counts"]) if s != me)
-    assert stats["bytes_received"] == expected, (name, stats, expected)
+    assert stats["bytes_received"] == expected * (2 if args.delay else 1), (name, stats, expected)
     union = np.unique(np.concatenate([t.coalesce().indices()[0].numpy() for t in inputs]))
     assert sum(info["pull_counts"]) == union.size
 

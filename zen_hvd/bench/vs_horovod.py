@@ -8,7 +8,10 @@ Every rank builds an nn.Embedding(sparse=True)-style gradient (--tokens lookups 
 from Zipf(--zipf) over --vocab rows, uncoalesced, --dim float32 values per row) and syncs it,
 repeat after repeat in turn, with:
   horovod-dense   hvd.allreduce of the dense gradient (what sparse_as_dense=True does)
-  horovod-sparse  hvd.sparse_allreduce_async + synchronize (Horovod's allgather of COO)
+  horovod-sparse  hvd.sparse_allreduce_async + synchronize (Horovod's allgather of COO), of
+                  the gradient as it is (what Horovod's optimizer does)
+  horovod-coalesced the same of the gradient coalesced first (coalesce timed too): the
+                  strongest allgather, each distinct row sent once
   zen-balanced    zen_hvd.sparse_allreduce(scheme="balanced")
   zen-uncoalesced zen_hvd.sparse_allreduce(scheme="balanced", coalesced=False): the union's
                   rows in the servers' order, as Horovod's result is unsorted (and what the
@@ -17,9 +20,11 @@ repeat after repeat in turn, with:
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
 sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank
 (Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D),
-ring allreduce 2 (n-1)/n M 4 D), and ratios to Horovod's sparse allgather. The link rate is measured in the same launch (a
-16 MiB point-to-point transfer); Zen's byte ideal is the slowest rank's max(bytes sent,
-received) over that rate. Results are checked against the dense allreduce. --out writes the
+of the coalesced gradient the other ranks' distinct rows times (8 + 4 D), ring allreduce
+2 (n-1)/n M 4 D), and ratios to Horovod's two allgathers. The link rate is measured in the
+same launch (a 16 MiB point-to-point transfer); a method's byte ideal is its slowest rank's
+max(bytes sent, received) over that rate, and its wire share the ideal over its time (how much
+of the sync the link is busy with its bytes). Results are checked against the dense allreduce. --out writes the
 table as CSV, one row per method, with the setting in every row.
 
 Started plainly it runs itself under mpirun (--ranks local ranks), or with --emulate on
@@ -38,7 +43,7 @@ import time
 
 from .common import add_embedding_args
 
-METHODS = ("horovod-dense", "horovod-sparse", "zen-balanced", "zen-uncoalesced", "zen-auto")
+METHODS = ("horovod-dense", "horovod-sparse", "horovod-coalesced", "zen-balanced", "zen-uncoalesced", "zen-auto")
 
 
 def _cpu():
@@ -55,6 +60,8 @@ def parse():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--transport", default=None)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print a per-phase timeline of one zen-balanced sync, every rank")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -103,12 +110,15 @@ def child(args):
     def horovod_sparse():
         return hvd.sparse_allreduce_async(grad, name="bench.sparse", op=hvd.Average)()  # a callable handle
 
+    def horovod_coalesced():
+        return hvd.sparse_allreduce_async(grad.coalesce(), name="bench.coalesced", op=hvd.Average)()
+
     def zen(scheme, coalesced=True):
         name = f"bench.{scheme}" + ("" if coalesced else ".uncoalesced")
         return lambda: zen_hvd.sparse_allreduce(grad, name=name, op=zen_hvd.Average, scheme=scheme,
                                                 transport=args.transport, coalesced=coalesced)
 
-    fns = {"horovod-dense": horovod_dense, "horovod-sparse": horovod_sparse,
+    fns = {"horovod-dense": horovod_dense, "horovod-sparse": horovod_sparse, "horovod-coalesced": horovod_coalesced,
            "zen-balanced": zen("balanced"), "zen-uncoalesced": zen("balanced", coalesced=False),
            "zen-auto": zen("auto")}
     methods = [m for m in args.methods.split(",") if m]
@@ -137,6 +147,7 @@ def child(args):
                 - before["bytes_received"] - before["control_bytes_received"]
             zen_bytes[m][1] += after["bytes_sent"] + after["control_bytes_sent"] \
                 - before["bytes_sent"] - before["control_bytes_sent"]
+    timeline = phase_timeline(hvd, fns["zen-balanced"]) if args.timeline else None
     rate = link_rate(hvd)
     # Every rank's numbers, to rank 0: per repeat walls, CPU and system medians, bytes.
     row = []
@@ -150,6 +161,49 @@ def child(args):
         return
     choice = zen_hvd.scheme_choices().get("bench.auto", {}).get("scheme", "-")
     report(args, n, methods, table, agree, choice)
+    if timeline:
+        print_timeline(timeline)
+
+
+def phase_timeline(hvd, fn, syncs=5):
+    """Every rank's phases of the median of `syncs` syncs (by the slowest rank's time), as
+    (rank, phase, start, end) in ms from the earliest start of that sync on any rank (ranks
+    on one machine share the clock, and the emulated hosts are namespaces of one machine).
+    On rank 0; None elsewhere."""
+    from mpi4py import MPI
+
+    from zen_hvd import device
+
+    runs = []
+    for _ in range(syncs):
+        hvd.barrier()
+        with device.time_steps() as (_, events):
+            t0 = time.perf_counter()
+            fn()
+            events.append(("whole sync", t0, time.perf_counter()))
+        runs.append(events)
+    got = MPI.COMM_WORLD.gather(runs, root=0)
+    if got is None:
+        return None
+    length = [max(ev[-1][2] for ev in (r[i] for r in got)) - min(ev[-1][1] for ev in (r[i] for r in got))
+              for i in range(syncs)]
+    pick = sorted(range(syncs), key=length.__getitem__)[syncs // 2]
+    zero = min(r[pick][-1][1] for r in got)
+    return [(rank, name, (a - zero) * 1e3, (b - zero) * 1e3)
+            for rank, r in enumerate(got) for name, a, b in r[pick]]
+
+
+def print_timeline(rows):
+    """Per phase: when its first rank started it and its last rank ended it, and its duration
+    on each rank (mean and max): a phase that lasts much longer than its work waits on a peer."""
+    phases = list(dict.fromkeys(name for _, name, _, _ in rows))
+    print("\n  timeline of one zen-balanced sync (ms from its first start; every rank):")
+    print(f"  {'phase':<52}{'first start':>12}{'last end':>10}{'mean dur':>10}{'max dur':>9}")
+    for ph in phases:
+        mine = [(a, b) for _, name, a, b in rows if name == ph]
+        durs = [b - a for a, b in mine]
+        print(f"  {ph:<52}{min(a for a, _ in mine):>12.1f}{max(b for _, b in mine):>10.1f}"
+              f"{statistics.mean(durs):>10.1f}{max(durs):>9.1f}")
 
 
 def link_rate(hvd):
@@ -186,7 +240,8 @@ def report(args, n, methods, table, agree, choice):
     rows = table[:, -2]
     rate = float(table[0, -1])
     horovod_bytes = {"horovod-dense": 2 * (n - 1) / n * V * D * 4,
-                     "horovod-sparse": (n - 1) * k * (8 + 4 * D)}
+                     "horovod-sparse": (n - 1) * k * (8 + 4 * D),
+                     "horovod-coalesced": float((rows.sum() - rows).max()) * (8 + 4 * D)}
     res = {}
     for i, m in enumerate(methods):
         base = i * (R + 4)
@@ -201,36 +256,39 @@ def report(args, n, methods, table, agree, choice):
         crit = float(np.maximum(recv, sent).max()) if counted else b
         res[m] = dict(t=t, cpu=c, sys=sys_cpu, bytes=b, ideal=crit / rate if rate == rate else float("nan"),
                       counted=counted)
+        res[m]["wire"] = res[m]["ideal"] / t
     where = f"{n} emulated hosts, {args.emulate} links" if args.emulate else f"{n} ranks, one machine (shared memory)"
     print(f"\nzen_hvd.bench.vs_horovod: {where}; embedding {V:,} x {D} float32, {k:,} tokens per rank "
           f"(Zipf {args.zipf}), {rows.mean():,.0f} distinct rows per rank (mean); {R} repeats")
     print("  " + reproduce("zen_hvd.bench.vs_horovod"))
     print(f"  measured link rate (16 MiB, rank 0 -> 1): {rate * 8 / 1e9:.2f} Gbit/s")
-    print(f"  {'method':<16}{'time ms':>9}{'cpu ms':>9}{'sys ms':>8}{'recv B/rank':>14}{'t/hvd-sparse':>14}"
-          f"{'B/hvd-sparse':>14}{'ideal ms':>10}{'t/ideal':>9}  agrees")
-    hs = res.get("horovod-sparse")
+    print(f"  {'method':<18}{'time ms':>9}{'cpu ms':>9}{'sys ms':>8}{'recv B/rank':>14}{'t/hvd-sparse':>13}"
+          f"{'t/coalesced':>12}{'B/coalesced':>12}{'ideal ms':>10}{'t/ideal':>8}{'wire':>6}  agrees")
+    hs, hc = res.get("horovod-sparse"), res.get("horovod-coalesced")
     for m in methods:
         r = res[m]
-        tr = f"{r['t'] / hs['t']:.2f}" if hs else "-"
-        br = f"{r['bytes'] / hs['bytes']:.2f}" if hs else "-"
-        ideal = f"{r['ideal'] * 1e3:.1f}" if r["counted"] else "-"
-        ti = f"{r['t'] / r['ideal']:.2f}" if r["counted"] else "-"
-        mark = "" if r["counted"] else " (computed)"
-        print(f"  {m:<16}{r['t'] * 1e3:>9.2f}{r['cpu'] * 1e3:>9.2f}{r['sys'] * 1e3:>8.2f}{r['bytes']:>14,.0f}{tr:>14}{br:>14}"
-              f"{ideal:>10}{ti:>9}  {agree[m]}{mark}")
+        ts = f"{r['t'] / hs['t']:.2f}" if hs else "-"
+        tc = f"{r['t'] / hc['t']:.2f}" if hc else "-"
+        bc = f"{r['bytes'] / hc['bytes']:.2f}" if hc else "-"
+        mark = "" if r["counted"] else " (bytes computed)"
+        print(f"  {m:<18}{r['t'] * 1e3:>9.2f}{r['cpu'] * 1e3:>9.2f}{r['sys'] * 1e3:>8.2f}{r['bytes']:>14,.0f}"
+              f"{ts:>13}{tc:>12}{bc:>12}{r['ideal'] * 1e3:>10.1f}{r['t'] / r['ideal']:>8.2f}{r['wire']:>6.0%}"
+              f"  {agree[m]}{mark}")
     if "zen-auto" in methods:
         print(f"  zen-auto chose: {choice}")
     for m, what in (("zen-balanced", "Zen balanced"), ("zen-uncoalesced", "Zen balanced, uncoalesced,")):
-        if hs and m in res:
-            z = res[m]
-            print(f"  {what} is {hs['t'] / z['t']:.2f}x Horovod's sparse allgather in time "
-                  f"({hs['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / hs['bytes']:.2f}x its bytes")
+        for peer, peer_name in ((hs, "Horovod's sparse allgather"), (hc, "the coalesced allgather")):
+            if peer and m in res:
+                z = res[m]
+                print(f"  {what} is {peer['t'] / z['t']:.2f}x {peer_name} in speed "
+                      f"({peer['cpu'] / z['cpu']:.2f}x in CPU time), moving {z['bytes'] / peer['bytes']:.2f}x its bytes")
     write_csv(args.out, [dict(setting=where, method=m, time_ms=res[m]["t"] * 1e3, cpu_ms=res[m]["cpu"] * 1e3,
                               sys_ms=res[m]["sys"] * 1e3,
                               recv_bytes_per_rank=res[m]["bytes"], bytes_counted=res[m]["counted"],
                               time_vs_horovod_sparse=res[m]["t"] / hs["t"] if hs else "",
                               bytes_vs_horovod_sparse=res[m]["bytes"] / hs["bytes"] if hs else "",
-                              ideal_ms=res[m]["ideal"] * 1e3 if res[m]["counted"] else "",
+                              time_vs_coalesced=res[m]["t"] / hc["t"] if hc else "",
+                              ideal_ms=res[m]["ideal"] * 1e3, wire_share=res[m]["wire"],
                               agrees=agree[m], link_gbps=rate * 8 / 1e9) for m in methods])
     if not all(agree.values()):
         sys.exit(1)
