@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import PointToPoint, displacements, empty_like, joined
+from .transport import PointToPoint, displacements, empty_like
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
@@ -73,6 +73,11 @@ class Mpi4pyTransport(PointToPoint):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
+        # The hosts: how many ranks share memory with rank 0 and each other (MPI's split).
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        leaders = self.comm.allgather(self.rank if local.Get_rank() == 0 else -1)
+        self.hosts = sum(r >= 0 for r in leaders)
+        local.Free()
         self._left = {}   # rank -> its sync count, for the ranks that said farewell
         self._cuda_aware = cuda_aware(MPI)
         atexit.register(self._farewell)   # before mpi4py's MPI_Finalize (registered earlier)
@@ -163,7 +168,7 @@ class Mpi4pyTransport(PointToPoint):
         stall.wait(arrived, self.policy, lambda: self._what(tag), missing, gone)
         return got
 
-    def _wait(self, reqs):
+    def _wait(self, reqs, tag=None):
         """Wait for (peer, request) pairs under the stall policy."""
         if not reqs:
             return
@@ -172,7 +177,7 @@ class Mpi4pyTransport(PointToPoint):
         def waiting():
             return [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]
 
-        stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, self._what,
+        stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, lambda: self._what(tag),
                    lambda: "receives by " + stall.ranks_phrase(waiting()),
                    lambda: self._gone(waiting()))
 
@@ -182,38 +187,11 @@ class Mpi4pyTransport(PointToPoint):
                    lambda: self._gone([r for r in range(self.size) if r != self.rank]))
 
 
-    def _pull_joined(self, send, body_nbytes):
-        """Every message received as it arrives, then the bodies copied together: from every
-        peer at once (_receive), or around the ring (pull_route). numpy buffers, or tensors on
-        one device (the device route)."""
-        if self.pull_route() == "ring":
-            parts, sent = self._ring(send, PULL_TAG)
-        else:
-            reqs = [(r, self.comm.Isend(self._buffer(send), dest=r, tag=PULL_TAG))
-                    for r in range(self.size) if r != self.rank]
-            parts = self._receive([r for r in range(self.size) if r != self.rank], PULL_TAG,
-                                  lambda src, nbytes: empty_like(send, nbytes))
-            self._wait(reqs)
-            sent = len(send) * (self.size - 1)
-        parts[self.rank] = send
-        return joined(parts, body_nbytes), sum(len(p) for p in parts) - len(send), sent
+    def _start_send(self, message, peer, tag):
+        return [(peer, self.comm.Isend(self._buffer(message), dest=peer, tag=tag))]
 
-    def _ring(self, send, tag):
-        """Every rank's `send` to every rank around the ring: at step t = 0..n-2 this rank
-        sends its right neighbour the message it received at step t - 1 (its own at t = 0)
-        and receives from its left neighbour the message of rank (me - 1 - t) mod n. Each link
-        carries one message at a time, back to back (see pull_route). Returns (the messages
-        by rank, bytes sent)."""
-        n, me = self.size, self.rank
-        right, left = (me + 1) % n, (me - 1) % n
-        parts, reqs, message, sent = [None] * n, [], send, 0
-        for t in range(n - 1):
-            reqs.append((right, self.comm.Isend(self._buffer(message), dest=right, tag=tag)))
-            sent += len(message)
-            message = self._receive([left], tag, lambda src, nbytes: empty_like(send, nbytes))[left]
-            parts[(me - 1 - t) % n] = message
-        self._wait(reqs)
-        return parts, sent
+    def _receive_from(self, peer, tag, like):
+        return self._receive([peer], tag, lambda src, nbytes: empty_like(like, nbytes))[peer]
 
     # -- device buffers: the same rounds on tensors, for a CUDA-aware MPI -----------------
     def moves_cuda(self, device):

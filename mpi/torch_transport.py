@@ -195,6 +195,7 @@ def _first_part(payload: torch.Tensor) -> torch.Tensor:
 class TorchTransport(PointToPoint):
     name = "torch"
     sizes_first = True   # device buffers: each message's size over gloo first (NCCL's need)
+    ring_capable = True
     push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
 
     def __init__(self, group, state):
@@ -220,6 +221,9 @@ class TorchTransport(PointToPoint):
         self._nccl = None   # made at the first device sync (_data_group)
         self._nccl_usable = None   # moves_cuda
         super().__init__(rank, size)
+        # The hosts: ranks with the same host name and outward address share one.
+        where = hashlib.blake2b(f"{socket.gethostname()} {own_address()}".encode(), digest_size=7).digest()
+        self.hosts = len(set(self.allgather_int64([int.from_bytes(where, "little")])[:, 0].tolist()))
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
         atexit.register(self.close)
@@ -328,6 +332,18 @@ class TorchTransport(PointToPoint):
             parts[r] = self._message(firsts[r][0], r, tag, rests)
         self._wait(rests + sent, tag)
         return parts
+
+    def _start_send(self, message, peer, tag):
+        payload = as_tensor(message)
+        return self._send(payload, _first_part(payload), peer, tag)
+
+    def _receive_from(self, peer, tag, like):
+        first, work = self._first_recv(peer, tag)
+        self._wait([(peer, work)], tag)
+        rests = []
+        message = self._message(first, peer, tag, rests)
+        self._wait(rests, tag)
+        return message
 
     def _first_recv(self, peer, tag):
         """(buffer, work) receiving a message's first part from peer."""
@@ -468,7 +484,7 @@ class TorchTransport(PointToPoint):
         return as_tensor(np.concatenate(self._push(send.numpy(), send_counts)))
 
     def _allgatherv(self, send, recv_counts):
-        return as_tensor(np.concatenate(self._pull(send.numpy())))
+        return as_tensor(np.concatenate(self._to_all(send.numpy(), PULL_TAG)))
 
     @_peer_loss
     def _allgather_int64(self, row):

@@ -36,7 +36,6 @@ import torch
 
 DEVICE_BUFFERS_VAR = "ZEN_HVD_DEVICE_BUFFERS"   # "1": CPU buffers take the device route too
 PULL_VAR = "ZEN_HVD_PULL"                       # Transport.pull_route
-PULL_RING_RANKS = 8
 
 
 @dataclasses.dataclass
@@ -71,6 +70,7 @@ class Transport:
     syncs = 0                 # syncs begun on this transport (set by the sync, for errors)
     sizes_first = False       # its device route sends other messages than its host route
     ring_capable = False      # its Pull can go around a ring (pull_route)
+    hosts = 1                 # the hosts its ranks run on, where it can tell (pull_route)
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -153,7 +153,7 @@ class Transport:
         `send` itself."""
         assert send.dtype == np.uint8
         parts = self._pull(send) if self.size > 1 else [send]
-        self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
+        self._count(self._pull_sent(parts), sum(p.size for p in parts) - send.size, control)
         return parts
 
     def push_all(self, send: np.ndarray, control: int = 0) -> list:
@@ -196,26 +196,40 @@ class Transport:
         return got
 
     def _pull_joined(self, send, body_nbytes):
-        """((bodies, tails), bytes received, bytes sent)."""
+        """((bodies, tails), bytes received, bytes sent): a pull, then the bodies copied
+        together (numpy buffers, or tensors on one device: the device route)."""
         parts = self._pull(send)
-        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size, send.size * (self.size - 1)
+        return joined(parts, body_nbytes), sum(len(p) for p in parts) - len(send), self._pull_sent(parts)
+
+    def _pull_sent(self, parts) -> int:
+        """The bytes a pull of `parts` (by rank) sent: this rank's message to every peer, or
+        around the ring every message but its right neighbour's (the last to reach it)."""
+        n, me = self.size, self.rank
+        if n == 1:
+            return 0
+        if self.pull_route() == "ring":
+            return sum(len(p) for p in parts) - len(parts[(me + 1) % n])
+        return len(parts[me]) * (n - 1)
 
     def pull_route(self) -> str:
         """How a Pull reaches every rank: "direct" (every rank sends its message to every
         peer at once) or "ring" (n - 1 steps, each rank forwarding to its right neighbour what
-        its left one sent: each link carries one message at a time). Same bytes received; the
-        ring's steps run one after another, but its links stay busy and few flows compete
-        for them, which is what a bandwidth-bound network with TCP needs: many short
-        concurrent flows, each restarting from TCP's initial window after the idle time
-        between syncs, leave a shaped link idle half the time. ZEN_HVD_PULL ("direct", "ring"
-        or "auto", the default: the ring from PULL_RING_RANKS ranks on point-to-point
-        transports; the same on every rank, or the rounds do not meet)."""
+        its left one sent: each link carries one message at a time). The same bytes received.
+        Between hosts the ring wins: its links stay busy and few flows compete for them,
+        while many short concurrent flows, each restarting from TCP's initial window after
+        the idle time between syncs, leave a rate-limited link idle half the time. Inside one
+        host (shared memory, no link to fill) the direct Pull wins: its messages move at once
+        instead of in n - 1 steps. ZEN_HVD_PULL: "direct", "ring", or "auto" (the default: the
+        ring when the ranks span several hosts, on a transport that can run it). The same on
+        every rank, or the rounds do not meet."""
         choice = os.environ.get(PULL_VAR) or "auto"
         if choice not in ("auto", "direct", "ring"):
             raise ValueError(f"{PULL_VAR} must be 'auto', 'direct' or 'ring', not {choice!r}")
+        if not self.ring_capable or self.size < 3:
+            return "direct"
         if choice == "auto":
-            return "ring" if self.ring_capable and self.size >= PULL_RING_RANKS else "direct"
-        return choice if self.ring_capable else "direct"
+            return "ring" if self.hosts > 1 else "direct"
+        return choice
 
     # -- device buffers (the device data path, zen_hvd/device.py) ------------------------
     def moves_device_memory(self, device) -> bool:
@@ -320,7 +334,35 @@ class PointToPoint(Transport):
         return parts
 
     def _pull(self, send):
-        return self._to_all(send, self.pull_tag)
+        return self._ring(send, self.pull_tag) if self.pull_route() == "ring" else self._to_all(send, self.pull_tag)
+
+    def _ring(self, send, tag):
+        """Every rank's `send` to every rank around the ring (pull_route): at step
+        t = 0..n-2 this rank sends its right neighbour the message it received at step t - 1
+        (its own at t = 0) and receives from its left neighbour the message of rank
+        (me - 1 - t) mod n. Each link carries one message at a time, back to back. Returns the
+        messages by rank."""
+        n, me = self.size, self.rank
+        right, left = (me + 1) % n, (me - 1) % n
+        parts, sends, message = [None] * n, [], send
+        parts[me] = send
+        for t in range(n - 1):
+            sends += self._start_send(message, right, tag)
+            message = self._receive_from(left, tag, send)
+            parts[(me - 1 - t) % n] = message
+        self._wait(sends, tag)
+        return parts
+
+    def _start_send(self, message, peer, tag) -> list:
+        """Starts sending `message` to `peer`: the (peer, request) pairs for _wait."""
+        raise NotImplementedError
+
+    def _receive_from(self, peer, tag, like):
+        """The next message from `peer` on `tag`, in a buffer where `like` lives."""
+        raise NotImplementedError
+
+    def _wait(self, pending, tag=None) -> None:
+        raise NotImplementedError
 
     def _push_all(self, send):
         return self._to_all(send, self.push_tag)
