@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import stall
-from .transport import PointToPoint, displacements, empty_like
+from .transport import PointToPoint, body_of, copy, displacements, empty_like, pad8
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
 CUDA_AWARE_VAR = "ZEN_HVD_CUDA_AWARE_MPI"   # "1" or "0": overrides what the library reports
@@ -136,39 +136,83 @@ class Mpi4pyTransport(PointToPoint):
         return [buf, self._MPI.BYTE]
 
     def _receive(self, sources, tag, alloc):
-        """One message from each source, each received as soon as it is there: a matched probe
-        (Improbe) gives its size, alloc(source, nbytes) its buffer, and its receive
-        (Message.Irecv) starts at once. So every peer's message moves at the same time: the bulk of a long
-        message (MPI's rendezvous) flows only once its receive is posted, and receiving the
-        messages one after another would move one peer's at a time. Probes go per source, not
-        ANY_SOURCE: a peer that raised a header error may already have sent its next sync's
-        message, which must wait behind this one (MPI keeps each source's messages in order).
-        Polled under the stall policy (MPI's blocking calls spin, and on ranks that share
-        cores the spinning takes the cores from the ranks still computing). Returns the
-        buffers, a list indexed by rank (None where no message was expected)."""
+        """One message from each source, each received as soon as it is there: its matched
+        probe gives its size, alloc(source, nbytes) its buffer, and its receive starts at once.
+        So every peer's message moves at the same time: the bulk of a long message (MPI's
+        rendezvous) flows only once its receive is posted, and receiving the messages one
+        after another would move one peer's at a time. Returns the buffers, a list indexed by
+        rank (None where no message was expected)."""
+        got, reqs = [None] * self.size, []
+
+        def matched(src, msg, nbytes):
+            got[src] = alloc(src, nbytes)
+            reqs.append((src, msg.Irecv(self._buffer(got[src]))))
+
+        self._probe(sources, tag, matched)
+        self._wait(reqs, tag, "the rest of the messages of")
+        return got
+
+    def _probe(self, sources, tag, matched):
+        """matched(source, message, nbytes) for the next message from each source on `tag`,
+        as its matched probe (Improbe) finds it. Probes go per source, not ANY_SOURCE: a peer
+        that raised a header error may already have sent its next sync's message, which must
+        wait behind this one (MPI keeps each source's messages in order); one ANY_SOURCE
+        Iprobe skips them while nothing has arrived. Polled under the stall policy (MPI's
+        blocking calls spin, and on ranks that share cores the spinning takes the cores from
+        the ranks still computing)."""
         MPI, status = self._MPI, self._MPI.Status()
-        got, pending, reqs = [None] * self.size, list(sources), []
+        pending = list(sources)
 
         def arrived():
             if pending and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
                 for src in list(pending):
                     msg = self.comm.Improbe(source=src, tag=tag, status=status)
                     if msg is not None:
-                        got[src] = alloc(src, status.Get_count(MPI.BYTE))
-                        reqs.append(msg.Irecv(self._buffer(got[src])))
                         pending.remove(src)
-            return not pending and MPI.Request.Testall(reqs)
-
-        def missing():
-            return f"the messages of {stall.ranks_phrase(pending)}" if pending else "messages still arriving"
+                        matched(src, msg, status.Get_count(MPI.BYTE))
+            return not pending
 
         def gone():   # a message sent before its sender's farewell is taken first
             return None if arrived() else self._gone(pending)
 
-        stall.wait(arrived, self.policy, lambda: self._what(tag), missing, gone)
-        return got
+        stall.wait(arrived, self.policy, lambda: self._what(tag),
+                   lambda: f"the messages of {stall.ranks_phrase(pending)}", gone)
 
-    def _wait(self, reqs, tag=None):
+    def _pull_joined(self, send, body_nbytes):
+        """Around the ring: PointToPoint's (each message as it comes round, then the bodies
+        copied together). Direct: the bodies received in place, with no pass over them besides
+        MPI's own: message r is received where body r starts, right after body r - 1, so its
+        tail lands where body r + 1 will go, and the tail is copied out before the next
+        receive overwrites it (one receive after another: a body's length is in its tail).
+        numpy buffers, or tensors on one device (the device route)."""
+        if self.pull_route() == "ring":
+            return super()._pull_joined(send, body_nbytes)
+        me = self.rank
+        reqs = [(r, self.comm.Isend(self._buffer(send), dest=r, tag=PULL_TAG)) for r in range(self.size) if r != me]
+        msgs, counts = [None] * self.size, [0] * self.size
+
+        def matched(src, msg, nbytes):
+            msgs[src], counts[src] = msg, nbytes
+
+        self._probe([r for r in range(self.size) if r != me], PULL_TAG, matched)
+        counts[me] = len(send)
+        buf = empty_like(send, sum(counts))
+        off, tails = 0, []
+        for r in range(self.size):
+            message = buf[off:off + counts[r]]
+            if r == me:
+                b = body_of(send, body_nbytes)
+                message[:b] = send[:b]
+                tails.append(send[pad8(b):])
+            else:
+                msgs[r].Recv(self._buffer(message))
+                b = body_of(message, body_nbytes)
+                tails.append(copy(message[pad8(b):]))
+            off += b
+        self._wait(reqs, PULL_TAG)
+        return (buf[:off], tails), sum(counts) - len(send), len(send) * (self.size - 1)
+
+    def _wait(self, reqs, tag=None, waiting_for="receives by"):
         """Wait for (peer, request) pairs under the stall policy."""
         if not reqs:
             return
@@ -178,7 +222,7 @@ class Mpi4pyTransport(PointToPoint):
             return [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]
 
         stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, lambda: self._what(tag),
-                   lambda: "receives by " + stall.ranks_phrase(waiting()),
+                   lambda: f"{waiting_for} {stall.ranks_phrase(waiting())}",
                    lambda: self._gone(waiting()))
 
     def _collective(self, request):

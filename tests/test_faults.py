@@ -24,6 +24,18 @@ def test_departed_or_extra_rank_ends_the_job(mode, expected):
     assert "returned" not in out
 
 
+@pytest.mark.parametrize("route", ["direct", "ring"])
+def test_a_rank_that_exits_in_the_pull_ends_the_job(route):
+    # Direct: every survivor waits for rank 1's Pull message. Ring: only rank 2 (its right
+    # neighbour) does; rank 0 waits for rank 2, which raises, and its abort ends the job.
+    env = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "120", "ZEN_HVD_PULL": route}
+    proc = mpirun(3, "fault_cases.py", "exit_in_pull", env=env, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "PeerLeftError" in out and "tensor 'fault.pull' (Pull): rank 1 left after" in out, out[-3000:]
+    assert "returned" not in out
+
+
 @pytest.mark.parametrize("transport", ["mpi4py", "horovod"])
 def test_a_second_step_without_backward_raises_on_every_rank(transport):
     # Rank 1's extra step() would add its synchronized gradient to the others' next one.

@@ -41,6 +41,15 @@ if mode in ("exit", "raise", "hang"):
         raise RuntimeError("rank 1 fails between syncs")
     zen_hvd.sparse_allreduce(grad, name="fault.second", transport=transport)
     print(f"rank {me}: the second sync returned without rank 1", flush=True)
+elif mode == "exit_in_pull":
+    # Rank 1 sends its Push, then exits where its Pull would go out (its farewell still goes).
+    zen_hvd.sparse_allreduce(grad, name="fault.first", transport=transport)
+    if me == 1:
+        from zen_hvd import runtime
+
+        runtime.get_transport(transport)._pull_joined = lambda *a: sys.exit(1)
+    zen_hvd.sparse_allreduce(grad, name="fault.pull", transport=transport)
+    print(f"rank {me}: the sync returned without rank 1's Pull", flush=True)
 elif mode == "extra_step":
     torch.manual_seed(0)
     model = nn.Embedding(10, 3, sparse=True)
