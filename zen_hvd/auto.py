@@ -24,7 +24,12 @@ it receives what eq. (2) receives with gamma_m = m, in one round instead of 2 lo
 Each scheme also pays ZEN_HVD_ROUND_BYTES (default 128 KiB) per message step of its pattern
 (balanced: 2; agsparse: 1; hierarchical: 2 per stage, plus its fold and its header round): the
 alpha of an alpha-beta model, in bytes, so that a scheme with fewer bytes but many more rounds
-is not chosen for a small margin.
+is not chosen for a small margin. On the host data path balanced parallelism also pays
+ZEN_HVD_HASH_BYTES (default 9) per unit it hashes (costmodel.hashed_units: its k units, and the
+union's through the inverse permutation): h0 and its inverse take about 70 ns a unit on a
+CPU core (cycle-walking Feistel rounds), what a 1 Gbit/s link moves in that time. It matters
+for element units (DGC's buckets: 8 bytes on the wire a unit), where hashing costs more than
+the bytes it saves; for rows of many values it is a few percent of the bytes.
 Once decided, a call costs one dictionary lookup and a counter (observe returns at once).
 Schedule: call 0 runs balanced (reveals d_G and gamma_n); the choice is made after calls 1 and
 2 and re-checked every ZEN_HVD_AUTO_RECHECK (default 100) calls of the tensor. Every choice is
@@ -46,6 +51,7 @@ CANDIDATES = schemes.AUTO
 # A tensor kept on its device is not copied to the host for a scheme without a device path.
 DEVICE_CANDIDATES = tuple(s for s in schemes.AUTO if s in schemes.DEVICE)
 DEFAULT_ROUND_BYTES = 128 << 10   # about 1 ms of a 1 Gbit/s link: one message step on shared cores
+DEFAULT_HASH_BYTES = 9            # about 70 ns of a 1 Gbit/s link: h0 or its inverse on one unit
 
 
 @dataclasses.dataclass
@@ -60,6 +66,8 @@ class Profile:
     recheck: int = dataclasses.field(default_factory=lambda: recheck_every())  # read once
     round_bytes: int = dataclasses.field(default_factory=lambda: int(os.environ.get(
         "ZEN_HVD_ROUND_BYTES", str(DEFAULT_ROUND_BYTES))))
+    hash_bytes: float = dataclasses.field(default_factory=lambda: float(os.environ.get(
+        "ZEN_HVD_HASH_BYTES", str(DEFAULT_HASH_BYTES))))
 
 
 def recheck_every() -> int:
@@ -103,12 +111,17 @@ def observe(profiles, name, scheme, layout, info, transport, *, on_device=False)
         n, k, prof.gamma_n, prof.stage_gammas), vbytes, candidates)
     # Each message step costs a round trip whatever it carries (costmodel.message_steps): in
     # bytes, what a link moves meanwhile (alpha-beta model with alpha b = ZEN_HVD_ROUND_BYTES).
-    cost = {s: prof.predicted[s] + costmodel.message_steps(n, s) * prof.round_bytes for s in candidates}
+    # On the host a unit through h0 (or its inverse) costs what a link moves meanwhile, too
+    # (the device kernels hash every unit in parallel).
+    hashing = 0.0 if on_device else prof.hash_bytes
+    cost = {s: prof.predicted[s] + costmodel.message_steps(n, s) * prof.round_bytes
+            + costmodel.hashed_units(s, k, prof.gamma_n * k) * hashing for s in candidates}
     best = min(candidates, key=lambda s: (cost[s], candidates.index(s)))
     if best != prof.scheme or prof.decided_at < 0:
         log.info("zen_hvd auto: tensor %r on %d ranks -> %s (d_G=%.4g, gamma_n=%.3g, predicted "
-                 "bytes received per worker plus %d per message step: %s)", name, n, best, prof.d_G,
-                 prof.gamma_n, prof.round_bytes, ", ".join(f"{s} {cost[s]:.3g}" for s in candidates))
+                 "bytes received per worker plus %d per message step and %g per unit hashed: %s)", name, n,
+                 best, prof.d_G, prof.gamma_n, prof.round_bytes, hashing,
+                 ", ".join(f"{s} {cost[s]:.3g}" for s in candidates))
     prof.scheme, prof.decided_at = best, prof.calls
 
 

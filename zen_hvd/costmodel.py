@@ -124,6 +124,13 @@ def message_steps(n: int, scheme: str) -> int:
     return pattern + (scheme not in HEADER_IN_PUSH)
 
 
+def hashed_units(scheme: str, k: float, union: float) -> float:
+    """Units one worker passes through h0 in a host sync: balanced parallelism hashes its k
+    units (partition) and decodes the union's through pi^-1 (the Pull's bitmap); the other
+    schemes pass over their units as often (packs, merges, sums) but hash none."""
+    return k + union if scheme == "balanced" else 0.0
+
+
 def predict_time(n, M, d_G, gamma, value_bytes, bandwidth_bps, schemes=SCHEMES, skew=None, blocks=None,
                  latency_s=LATENCY_S) -> dict:
     b = predict_bytes(n, M, d_G, gamma, value_bytes, schemes, skew, blocks)
