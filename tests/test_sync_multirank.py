@@ -26,6 +26,15 @@ def test_sync_cases_with_one_rank_delayed_at_random(transport, ranks):
     assert "all cases passed" in proc.stdout
 
 
+@pytest.mark.parametrize("transport,ranks", [("mpi4py", 4), ("mpi4py", 5), ("torch", 3)])
+def test_sync_cases_with_the_pull_around_a_ring(transport, ranks):
+    # The Pull's route between hosts (Transport.pull_route), here on one machine: the same
+    # sums, the same bits on every rank, the same errors, the bytes counted as forwarded.
+    proc = mpirun(ranks, "sync_cases.py", "--transport", transport, "--examples", 6,
+                  env={"ZEN_HVD_PULL": "ring"})
+    assert "all cases passed" in proc.stdout
+
+
 def test_sync_cases_horovodrun_gloo():
     # No MPI job: the default transport is torch.distributed point to point.
     proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)
