@@ -13,6 +13,8 @@ function, restricted to [0, M) by cycle walking (y = F(u); while y >= M: y = F(y
 half always fits murmur's 32-bit key. Round r splits x into hi (a bits) and lo (b = B - a):
 x' = (lo << a) | (hi ^ (murmur3_32(lo, key_r) mod 2^a)), which swaps the widths every round.
 """
+import functools
+
 import numba
 import numpy as np
 from numba import cuda
@@ -38,8 +40,15 @@ def derive_keys(seed):
 
 def second_level_seeds(seed, rank, k):
     """Seeds s_1..s_k of the second-level hashes h_1..h_k (may differ per worker, Sec. 3.2)."""
+    return np.array(_second_level_seeds(int(seed), int(rank), int(k)), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _second_level_seeds(seed, rank, k):
+    """second_level_seeds as a tuple, computed once per (seed, rank, k): murmur in Python is a
+    few microseconds a call, and every sync asks."""
     s = murmur3_32(rank & MASK32, murmur3_32(_SECOND_LEVEL_TAG, _seed32(seed)))
-    return np.array([murmur3_32(t, s) for t in range(k)], dtype=np.int64)
+    return tuple(murmur3_32(t, s) for t in range(k))
 
 
 def domain_bits(M):
