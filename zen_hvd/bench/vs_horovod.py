@@ -204,6 +204,12 @@ def print_timeline(rows):
         durs = [b - a for a, b in mine]
         print(f"  {ph:<52}{min(a for a, _ in mine):>12.1f}{max(b for _, b in mine):>10.1f}"
               f"{statistics.mean(durs):>10.1f}{max(durs):>9.1f}")
+    ranks = sorted({r for r, _, _, _ in rows})
+    if len(ranks) <= 8:   # every rank's start and end of every phase
+        print(f"  {'phase, start-end ms on rank':<52}" + "".join(f"{r:>13}" for r in ranks))
+        for ph in phases:
+            spans = {r: f"{a:.1f}-{b:.1f}" for r, name, a, b in rows if name == ph}
+            print(f"  {ph:<52}" + "".join(f"{spans.get(r, '-'):>13}" for r in ranks))
 
 
 def link_rate(hvd):
