@@ -2,7 +2,9 @@
 
 Push and Pull: one Isend per peer, then a matched probe (Improbe) per incoming message gives its
 size, and its receive starts at once, so every peer's message moves at the same time. A round
-costs one message per peer, and no size exchange. The collectives (Alltoallv,
+costs one message per peer, and no size exchange. Between hosts the Pull goes around a ring
+instead (Transport.pull_route); inside one host its bodies are received in place, back to
+back. The collectives (Alltoallv,
 Allgatherv, Allgather, Allreduce) serve the baselines and control values. Every wait (probes,
 sends, the collectives in their non-blocking form) polls under the stall policy (stall.py): a
 dead or departed peer ends the wait with an error naming the tensor and the missing ranks.
