@@ -185,10 +185,10 @@ def phase_timeline(hvd, fn, syncs=5):
     got = MPI.COMM_WORLD.gather(runs, root=0)
     if got is None:
         return None
-    length = [max(ev[-1][2] for ev in (r[i] for r in got)) - min(ev[-1][1] for ev in (r[i] for r in got))
-              for i in range(syncs)]
+    whole = [[r[i][-1] for r in got] for i in range(syncs)]   # each rank's "whole sync" of sync i
+    length = [max(end for _, _, end in w) - min(start for _, start, _ in w) for w in whole]
     pick = sorted(range(syncs), key=length.__getitem__)[syncs // 2]
-    zero = min(r[pick][-1][1] for r in got)
+    zero = min(start for _, start, _ in whole[pick])
     return [(rank, name, (a - zero) * 1e3, (b - zero) * 1e3)
             for rank, r in enumerate(got) for name, a, b in r[pick]]
 
