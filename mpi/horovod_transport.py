@@ -71,7 +71,7 @@ class HorovodTransport(Transport):
 
     def _pull_joined_device(self, send, body_nbytes):
         parts = self._push_device(send.repeat(self.size), [send.numel()] * self.size)
-        return joined(parts, body_nbytes), sum(p.numel() for p in parts) - send.numel(), send.numel() * (self.size - 1)
+        return joined(parts, body_nbytes), [p.numel() for p in parts]
 
     def _allgatherv(self, send, recv_counts):
         return self._hvd.allgather(send, name=self._name(), process_set=self._ps)

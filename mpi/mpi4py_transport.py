@@ -56,14 +56,17 @@ class Mpi4pyTransport(PointToPoint):
     push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
     ring_capable = True
 
-    def __init__(self, ranks=None):
-        """Among the MPI ranks `ranks` (ascending; None: every rank of the job)."""
+    def __init__(self, ranks=None, comm=None):
+        """Among the MPI ranks `ranks` (ascending; None: every rank of the job), or on `comm`
+        (a communicator of its own, from split)."""
         from mpi4py import MPI
 
         self._MPI = MPI
         world = MPI.COMM_WORLD
         self.policy = stall.transport_policy()
-        if ranks is None or sorted(ranks) == list(range(world.Get_size())):
+        if comm is not None:
+            self.comm = comm
+        elif ranks is None or sorted(ranks) == list(range(world.Get_size())):
             # Non-blocking, under the stall policy: a rank that never builds this transport
             # (it chose another) must not leave the others blocked here.
             self.comm, request = world.Idup()
@@ -75,10 +78,9 @@ class Mpi4pyTransport(PointToPoint):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
-        # The hosts: how many ranks share memory with rank 0 and each other (MPI's split).
+        # The hosts: the ranks that share memory (MPI's split), each named by its first rank.
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        leaders = self.comm.allgather(self.rank if local.Get_rank() == 0 else -1)
-        self.hosts = sum(r >= 0 for r in leaders)
+        self.group_hosts(self.allgather_int64(self.host_row(local.bcast(self.rank, root=0))))
         local.Free()
         self._left = {}   # rank -> its sync count, for the ranks that said farewell
         self._cuda_aware = cuda_aware(MPI)
@@ -86,6 +88,9 @@ class Mpi4pyTransport(PointToPoint):
 
     def close(self):
         atexit.unregister(self._farewell)
+
+    def split(self, color):
+        return Mpi4pyTransport(comm=self.comm.Split(int(color), self.rank))
 
     # -- departed peers ------------------------------------------------------------------
     def _farewell(self):
@@ -212,7 +217,7 @@ class Mpi4pyTransport(PointToPoint):
                 tails.append(copy(message[pad8(b):]))
             off += b
         self._wait(reqs, PULL_TAG)
-        return (buf[:off], tails), sum(counts) - len(send), len(send) * (self.size - 1)
+        return (buf[:off], tails), counts
 
     def _wait(self, reqs, tag=None, waiting_for="receives by"):
         """Wait for (peer, request) pairs under the stall policy."""

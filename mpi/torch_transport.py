@@ -178,6 +178,13 @@ def _pin_gloo_interface(rendezvous: str) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
+def _timeout() -> datetime.timedelta:
+    """The timeout of a gloo group this transport makes: the stall shutdown time (stall.py),
+    after which every wait of the group ends (a week for 0, which waits forever elsewhere)."""
+    shutdown = stall.Policy.from_env(0.0).shutdown
+    return datetime.timedelta(seconds=shutdown if shutdown > 0 else 7 * 24 * 3600)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -198,17 +205,24 @@ class TorchTransport(PointToPoint):
     ring_capable = True
     push_tag, pull_tag, step_tag = PUSH_TAG, PULL_TAG, STEP_TAG
 
-    def __init__(self, group, state):
+    def __init__(self, group, state, members=None):
         """Point to point among the ranks of `group` (runtime.Group): under torch.distributed
         over the group's own gloo group (state.gloo()); under Horovod over a gloo group of
-        Horovod's ranks (see the module doc)."""
+        Horovod's ranks (see the module doc). Or (split) over a new gloo group of the global
+        ranks `members`, which this transport owns."""
 
         import torch.distributed as dist
 
         self._dist = dist
-        rank, size = group.world()
-        self._owned = group.runtime == "horovod"   # a group this transport made and destroys
-        if not self._owned:
+        self._owned = group is None or group.runtime == "horovod"   # a group it made and destroys
+        self._split = members is not None
+        if members is not None:
+            self._group = dist.new_group(ranks=members, backend="gloo", timeout=_timeout(),
+                                         use_local_synchronization=True)
+            self._global = list(members)
+            rank, size = members.index(dist.get_rank()), len(members)
+        elif not self._owned:
+            rank, size = group.world()
             self._group = state.gloo()
             members = group.members()
             self._global = list(range(size)) if members is None else members
@@ -216,6 +230,7 @@ class TorchTransport(PointToPoint):
             raise ValueError("transport 'torch' serves Horovod's global process set only; use "
                              "transport='mpi4py' or 'horovod' with a process set")
         else:
+            rank, size = group.world()
             self._group = self._horovod_group(rank, size)
             self._global = list(range(size))
         self._nccl = None   # made at the first device sync (_data_group)
@@ -223,11 +238,15 @@ class TorchTransport(PointToPoint):
         super().__init__(rank, size)
         # The hosts: ranks with the same host name and outward address share one.
         where = hashlib.blake2b(f"{socket.gethostname()} {own_address()}".encode(), digest_size=7).digest()
-        self.hosts = len(set(self.allgather_int64([int.from_bytes(where, "little")])[:, 0].tolist()))
+        self.group_hosts(self.allgather_int64(self.host_row(int.from_bytes(where, "little"))))
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
         atexit.register(self.close)
         atexit.register(self._farewell)
+
+    def split(self, color):
+        colors = self.allgather_int64([int(color)])[:, 0]
+        return TorchTransport(None, None, [g for g, c in zip(self._global, colors) if c == color])
 
     def _farewell(self):
         """At exit: this rank's sync count into the store (see departed)."""
@@ -257,12 +276,9 @@ class TorchTransport(PointToPoint):
             info[1:] = torch.tensor([int(b) for b in socket.inet_aton(socket.gethostbyname(addr))])
         info = hvd.broadcast(info, root_rank=0, name="zen_hvd.torch_transport.rendezvous")
         addr = ".".join(str(int(b)) for b in info[1:])
-        # Every wait of the group ends after the stall shutdown time (stall.py).
-        shutdown = stall.Policy.from_env(0.0).shutdown
-        kw = dict(timeout=datetime.timedelta(seconds=shutdown)) if shutdown > 0 else {}
         _pin_gloo_interface(addr)
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{int(info[0])}",
-                                rank=rank, world_size=size, **kw)
+                                rank=rank, world_size=size, timeout=_timeout())
         return None
 
     def close(self):
@@ -401,7 +417,7 @@ class TorchTransport(PointToPoint):
         if device.type != "cuda":
             return self._group
         if self._nccl is None:
-            members = None if self._owned else self._global
+            members = self._global if self._split or not self._owned else None
             self._nccl = self._dist.new_group(ranks=members, backend="nccl",
                                               use_local_synchronization=members is not None)
             self._dist.all_reduce(torch.zeros(1, device=device), group=self._nccl)
@@ -465,7 +481,7 @@ class TorchTransport(PointToPoint):
         for r in peers:
             recvs += [(r, bodies[starts[r]:starts[r] + cut[r]]), (r, tails[r])]
         self._batch(send.device, [(r, t) for r in peers for t in ours], recvs)
-        return (bodies, tails), int(sum(n for n, _ in rows) - send.numel()), send.numel() * len(peers)
+        return (bodies, tails), [int(n) for n, _ in rows]
 
     def _swap_device(self, send, peer, receive, device):
         """One step of a hierarchy in the sized protocol: the size over gloo, then the data."""

@@ -29,6 +29,7 @@ list of n parts, part `rank` being this rank's own (not sent). The first
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 
 import numpy as np
@@ -36,6 +37,10 @@ import torch
 
 DEVICE_BUFFERS_VAR = "ZEN_HVD_DEVICE_BUFFERS"   # "1": CPU buffers take the device route too
 PULL_VAR = "ZEN_HVD_PULL"                       # Transport.pull_route
+RANKS_PER_HOST_VAR = "ZEN_HVD_RANKS_PER_HOST"   # Transport.group_hosts: consecutive ranks per host
+# Settings that change which messages a rank sends: every rank must hold the same values, and
+# a transport's construction compares them (group_hosts).
+AGREED_VARS = (PULL_VAR, RANKS_PER_HOST_VAR, "ZEN_HVD_TWO_LEVEL")
 
 
 @dataclasses.dataclass
@@ -47,14 +52,18 @@ class CommStats:
     control_bytes_sent: int = 0
     control_bytes_received: int = 0
     calls: int = 0
+    off_host_sent: int = 0        # of the bytes above (data and control), those to and from
+    off_host_received: int = 0    # ranks on other hosts (where the transport knows the hosts)
 
-    def add(self, sent: int, received: int, control: bool = False) -> None:
+    def add(self, sent: int, received: int, control: bool = False, off_host=(0, 0)) -> None:
         if control:
             self.control_bytes_sent += int(sent)
             self.control_bytes_received += int(received)
         else:
             self.bytes_sent += int(sent)
             self.bytes_received += int(received)
+        self.off_host_sent += int(off_host[0])
+        self.off_host_received += int(off_host[1])
         self.calls += 1
 
     def as_dict(self) -> dict:
@@ -71,6 +80,7 @@ class Transport:
     sizes_first = False       # its device route sends other messages than its host route
     ring_capable = False      # its Pull can go around a ring (pull_route)
     hosts = 1                 # the hosts its ranks run on, where it can tell (pull_route)
+    host_of = None            # every rank's host, 0..hosts-1 in order of first rank (group_hosts)
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -80,6 +90,41 @@ class Transport:
 
     def close(self) -> None:
         """Release what the transport holds (a reset: the ranks are about to change)."""
+
+    # -- hosts -----------------------------------------------------------------------------
+    @staticmethod
+    def host_row(key: int) -> list:
+        """What this rank tells the others at construction for group_hosts: its host's key
+        (equal on the ranks of one host) and a digest of the AGREED_VARS it holds."""
+        held = "\0".join(f"{v}={os.environ.get(v, '')}" for v in AGREED_VARS)
+        return [int(key), int.from_bytes(hashlib.blake2b(held.encode(), digest_size=7).digest(), "little")]
+
+    def group_hosts(self, table) -> None:
+        """host_of and hosts from every rank's host_row (the same table on every rank):
+        ranks with one key share a host, unless ZEN_HVD_RANKS_PER_HOST=k groups them k
+        consecutive ranks to a host (several hosts emulated on one machine). Ranks holding
+        different AGREED_VARS raise this error on every rank: their rounds would not meet."""
+        table = np.asarray(table, np.int64).reshape(self.size, 2)
+        if len(set(table[:, 1].tolist())) > 1:
+            held = "\n".join(f"  {v}={os.environ.get(v, '(unset)')}" for v in AGREED_VARS)
+            raise ValueError("zen_hvd: the ranks hold different values of " + ", ".join(AGREED_VARS)
+                             + f" (they must agree on every rank); rank {self.rank} holds:\n{held}")
+        keys = table[:, 0].tolist()
+        per = int(os.environ.get(RANKS_PER_HOST_VAR) or 0)
+        if per > 0:
+            keys = [r // per for r in range(self.size)]
+        index: dict = {}
+        self.host_of = [index.setdefault(k, len(index)) for k in keys]
+        self.hosts = len(index)
+
+    def off_host(self, peer: int) -> bool:
+        """Whether `peer` runs on another host than this rank (False where hosts are unknown)."""
+        return self.host_of is not None and self.host_of[peer] != self.host_of[self.rank]
+
+    def split(self, color: int):
+        """A transport of the same kind over the ranks that pass the same `color` (every rank
+        calls it together), ranked as here; None where the transport cannot make one."""
+        return None
 
     # -- what subclasses implement -------------------------------------------------------
     def _alltoallv(self, send: torch.Tensor, send_counts, recv_counts) -> torch.Tensor:
@@ -111,7 +156,8 @@ class Transport:
         assert send.dtype == torch.uint8 and send.numel() == sum(send_counts)
         out = self._alltoallv(send, send_counts, recv_counts)
         self.stats.add(sum(send_counts) - send_counts[self.rank],
-                       sum(recv_counts) - recv_counts[self.rank])
+                       sum(recv_counts) - recv_counts[self.rank],
+                       off_host=(self._off(send_counts), self._off(recv_counts)))
         return out
 
     def allgatherv(self, send: torch.Tensor, recv_counts=None):
@@ -123,7 +169,8 @@ class Transport:
         recv_counts = [int(c) for c in recv_counts]
         assert recv_counts[self.rank] == send.numel()
         out = self._allgatherv(send, recv_counts)
-        self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel())
+        self.stats.add(send.numel() * (self.size - 1), sum(recv_counts) - send.numel(),
+                       off_host=(self._off([send.numel()] * self.size), self._off(recv_counts)))
         return out, recv_counts
 
     def push(self, send, send_counts, control: int = 0) -> list:
@@ -145,7 +192,8 @@ class Transport:
             assert send.dtype == np.uint8 and send.size == sum(send_counts)
             parts = self._push(send, send_counts)
             nbytes = [p.size for p in parts]
-        self._count(sum(send_counts) - send_counts[self.rank], sum(nbytes) - nbytes[self.rank], control)
+        self._count(sum(send_counts) - send_counts[self.rank], sum(nbytes) - nbytes[self.rank], control,
+                    (self._off(send_counts), self._off(nbytes)))
         return parts
 
     def pull(self, send: np.ndarray, control: int = 0) -> list:
@@ -153,7 +201,7 @@ class Transport:
         `send` itself."""
         assert send.dtype == np.uint8
         parts = self._pull(send) if self.size > 1 else [send]
-        self._count(self._pull_sent(parts), sum(p.size for p in parts) - send.size, control)
+        self._count(*self._pull_bytes([p.size for p in parts], control))
         return parts
 
     def push_all(self, send: np.ndarray, control: int = 0) -> list:
@@ -162,7 +210,9 @@ class Transport:
         there, and the header check names the difference. Returns the n parts received."""
         assert send.dtype == np.uint8
         parts = self._push_all(send) if self.size > 1 else [send]
-        self._count(send.size * (self.size - 1), sum(p.size for p in parts) - send.size, control)
+        nbytes = [p.size for p in parts]
+        self._count(send.size * (self.size - 1), sum(nbytes) - send.size, control,
+                    (self._off([send.size] * self.size), self._off(nbytes)))
         return parts
 
     def _push_all(self, send):
@@ -187,29 +237,38 @@ class Transport:
             if not self.moves_device_memory(send.device):
                 bodies, tails = self.pull_joined(send.cpu().numpy(), body_nbytes, control)
                 return as_tensor(bodies).to(send.device), [as_tensor(t).to(send.device) for t in tails]
-            got, received, sent = self._pull_joined_device(send, body_nbytes)
-            self._count(sent, received, control)
+            got, sizes = self._pull_joined_device(send, body_nbytes)
+            self._count(*self._pull_bytes(sizes, control))
             return got
         assert send.dtype == np.uint8
-        got, received, sent = self._pull_joined(send, body_nbytes)
-        self._count(sent, received, control)
+        got, sizes = self._pull_joined(send, body_nbytes)
+        self._count(*self._pull_bytes(sizes, control))
         return got
 
     def _pull_joined(self, send, body_nbytes):
-        """((bodies, tails), bytes received, bytes sent): a pull, then the bodies copied
+        """((bodies, tails), every rank's message size): a pull, then the bodies copied
         together (numpy buffers, or tensors on one device: the device route)."""
         parts = self._pull(send)
-        return joined(parts, body_nbytes), sum(len(p) for p in parts) - len(send), self._pull_sent(parts)
+        return joined(parts, body_nbytes), [len(p) for p in parts]
 
-    def _pull_sent(self, parts) -> int:
-        """The bytes a pull of `parts` (by rank) sent: this rank's message to every peer, or
-        around the ring every message but its right neighbour's (the last to reach it)."""
+    def _pull_bytes(self, sizes, control):
+        """_count's arguments (sent, received, control, (of them off host)) for a pull of messages of `sizes` bytes by
+        rank: this rank's message to every peer and every peer's from it, or around the ring
+        every message but its right neighbour's to that neighbour (the last to reach it), and
+        every message but its own from its left one."""
         n, me = self.size, self.rank
         if n == 1:
-            return 0
+            return 0, 0, control, (0, 0)
+        received = sum(sizes) - sizes[me]
         if self.pull_route() == "ring":
-            return sum(len(p) for p in parts) - len(parts[(me + 1) % n])
-        return len(parts[me]) * (n - 1)
+            right, left = (me + 1) % n, (me - 1) % n
+            sent = sum(sizes) - sizes[right]
+            return sent, received, control, (sent * self.off_host(right), received * self.off_host(left))
+        return sizes[me] * (n - 1), received, control, (self._off([sizes[me]] * n), self._off(sizes))
+
+    def _off(self, nbytes) -> int:
+        """Of nbytes[r] to or from every rank r, those to or from other hosts."""
+        return sum(int(b) for r, b in enumerate(nbytes) if self.off_host(r))
 
     def pull_route(self) -> str:
         """How a Pull reaches every rank: "direct" (every rank sends its message to every
@@ -259,10 +318,11 @@ class Transport:
     def _swap_device(self, send, peer, receive, device):
         raise NotImplementedError
 
-    def _count(self, sent: int, received: int, control: int) -> None:
-        """Counts one point-to-point round: `control` header bytes per message, rest data."""
+    def _count(self, sent: int, received: int, control: int, off_host=(0, 0)) -> None:
+        """Counts one point-to-point round: `control` header bytes per message, rest data;
+        off_host: of the bytes, those sent to and received from other hosts."""
         peers = self.size - 1
-        self.stats.add(sent - control * peers, received - control * peers)
+        self.stats.add(sent - control * peers, received - control * peers, off_host=off_host)
         if control:
             self.stats.add(control * peers, control * peers, control=True)
             self.stats.calls -= 1
@@ -280,7 +340,8 @@ class Transport:
         out = self._allreduce_sum(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         moved = 2 * (self.size - 1) * nbytes // self.size
-        self.stats.add(moved, moved)
+        n, me = self.size, self.rank
+        self.stats.add(moved, moved, off_host=(moved * self.off_host((me + 1) % n), moved * self.off_host((me - 1) % n)))
         return out
 
     def _swap(self, send, peer, receive):
@@ -301,16 +362,19 @@ class Transport:
         (_swap_device) or staged through host memory."""
         if device is not None and self.moves_device_memory(device):
             got = self._swap_device(send, peer, receive, device)
-            self.stats.add(0 if send is None or peer is None else send.numel(),
-                           0 if got is None else got.numel())
+            self._count_swap(0 if send is None or peer is None else send.numel(), 0 if got is None else got.numel(), peer)
             return got
         if device is not None:
             got = self.swap(None if send is None else send.cpu().numpy(), peer, receive)
             return None if got is None else as_tensor(got).to(device)
         assert send is None or send.dtype == np.uint8
         got = self._swap(send, peer, receive)
-        self.stats.add(0 if send is None or peer is None else send.size, 0 if got is None else got.size)
+        self._count_swap(0 if send is None or peer is None else send.size, 0 if got is None else got.size, peer)
         return got
+
+    def _count_swap(self, sent, received, peer):
+        off = peer is not None and self.off_host(peer)
+        self.stats.add(sent, received, off_host=(sent * off, received * off))
 
     def broadcast_int(self, value: int, root: int = 0) -> int:
         """Rank `root`'s integer, on every rank."""

@@ -5,10 +5,13 @@
 #
 #   scripts/netns_cluster.sh up N [RATE]          create zenh0..zenh{N-1} (default 1gbit)
 #   scripts/netns_cluster.sh down                 remove everything this script created
-#   scripts/netns_cluster.sh run N [RATE] -- CMD  up, mpirun -np N CMD across the hosts, down
-#                                                 (also on error or Ctrl-C: trap)
-#   scripts/netns_cluster.sh torchrun N [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]
-#                                                 up, one torchrun agent per host (one process
+#   scripts/netns_cluster.sh run N[xL] [RATE] -- CMD
+#                                                 up, mpirun -np N*L CMD across the hosts, L
+#                                                 ranks on each (default 1: shared memory
+#                                                 between them), down (also on error or
+#                                                 Ctrl-C: trap)
+#   scripts/netns_cluster.sh torchrun N[xL] [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]
+#                                                 up, one torchrun agent per host (L processes
 #                                                 each) running SCRIPT or MODULE, down
 # Needs root. Addresses: a private subnet that exists only inside these namespaces.
 set -euo pipefail
@@ -66,8 +69,12 @@ EOF
   chmod +x "$AGENT"
 }
 
+# "N" or "NxL": N hosts, L ranks on each (default 1).
+hosts_of() { echo "${1%%x*}"; }
+per_host_of() { if [[ $1 == *x* ]]; then echo "${1##*x}"; else echo 1; fi; }
+
 run() {
-  local n=$1; shift
+  local n per; n=$(hosts_of "$1"); per=$(per_host_of "$1"); shift
   local rate=1gbit
   if [ $# -gt 0 ] && [ "$1" != "--" ]; then rate=$1; shift; fi
   [ "${1:-}" = "--" ] && shift
@@ -76,17 +83,18 @@ run() {
   up "$n" "$rate"
   write_agent
   # The hosts share this machine's cores: benchmarks size their thread pools by this.
-  export ZEN_HVD_RANKS_SHARING_CORES=$n
+  export ZEN_HVD_RANKS_SHARING_CORES=$(( n * per ))
   local envs="-x PATH -x ZEN_HVD_RANKS_SHARING_CORES"
   for v in VIRTUAL_ENV PYTHONPATH; do [ -n "${!v:-}" ] && envs="$envs -x $v"; done
   for v in $(compgen -e | grep '^ZEN_HVD_' || true); do envs="$envs -x $v"; done
   local hosts=""
-  for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i)"; done
-  # Every host has one slot, so Open MPI thinks no core is shared and busy-polls; the hosts
-  # do share this machine's cores, so ranks must yield while they wait.
+  for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i):$per"; done
+  # Every host has L slots, so Open MPI thinks no core is shared and busy-polls; the hosts
+  # do share this machine's cores, so ranks must yield while they wait. Ranks of one host
+  # talk through shared memory (vader), the others over TCP on the shaped links.
   ip netns exec "$(host_ns 0)" mpirun --allow-run-as-root --oversubscribe --bind-to none \
-    -np "$n" --host "$hosts" --mca plm_rsh_agent "$AGENT" \
-    --mca btl tcp,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
+    -np $(( n * per )) --host "$hosts" --map-by slot --mca plm_rsh_agent "$AGENT" \
+    --mca btl tcp,vader,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
     --mca mpi_yield_when_idle 1 \
     $envs --wdir "$PWD" "$@"
 }
@@ -95,7 +103,7 @@ run() {
 # rank i of N, host 0's agent holds the rendezvous store. The hosts share one host name, so gloo
 # is pinned to each host's own link (GLOO_SOCKET_IFNAME). The first agent to fail ends the rest.
 torchrun_hosts() {
-  local n=$1; shift
+  local n per; n=$(hosts_of "$1"); per=$(per_host_of "$1"); shift
   local rate=1gbit
   if [ $# -gt 0 ] && [ "$1" != "--" ]; then rate=$1; shift; fi
   [ "${1:-}" = "--" ] && shift
@@ -105,11 +113,11 @@ torchrun_hosts() {
   down
   up "$n" "$rate"
   # The hosts share this machine's cores: benchmarks size their thread pools by this.
-  export ZEN_HVD_RANKS_SHARING_CORES=$n
+  export ZEN_HVD_RANKS_SHARING_CORES=$(( n * per ))
   for ((i = 0; i < n; i++)); do
     local ns; ns=$(host_ns $i)
     ip netns exec "$ns" env GLOO_SOCKET_IFNAME="v$ns" "$python" -m torch.distributed.run \
-      --nnodes "$n" --node-rank "$i" --nproc-per-node 1 \
+      --nnodes "$n" --node-rank "$i" --nproc-per-node "$per" \
       --master-addr "$(host_ip 0)" --master-port 29500 "$@" &
     AGENTS+=($!)
   done
@@ -129,6 +137,6 @@ case "$cmd" in
   down) down ;;
   run) run "$@" ;;
   torchrun) torchrun_hosts "$@" ;;
-  *) echo "usage: $0 up N [RATE] | down | run N [RATE] -- CMD... | torchrun N [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]" >&2
+  *) echo "usage: $0 up N [RATE] | down | run N[xL] [RATE] -- CMD... | torchrun N[xL] [RATE] -- PYTHON SCRIPT|-m MODULE [ARGS]" >&2
      exit 2 ;;
 esac

@@ -68,6 +68,9 @@ class Profile:
         "ZEN_HVD_ROUND_BYTES", str(DEFAULT_ROUND_BYTES))))
     hash_bytes: float = dataclasses.field(default_factory=lambda: float(os.environ.get(
         "ZEN_HVD_HASH_BYTES", str(DEFAULT_HASH_BYTES))))
+    two_level: bool = True               # two_level.py, where it applies: measured first
+    host_union: float | None = None      # mean units in a host's union (measured by two levels)
+    two_level_costs: dict = dataclasses.field(default_factory=dict)
 
 
 def recheck_every() -> int:
@@ -81,14 +84,27 @@ def choose(profiles: dict, name: str) -> str:
     return FIRST if prof is None else prof.scheme
 
 
+def two_level(profiles: dict, name: str) -> bool:
+    """Whether this call of `name` runs two levels where they apply (the same on every rank)."""
+    prof = profiles.get(name)
+    return prof is None or prof.two_level
+
+
 def is_check_call(calls: int, recheck: int) -> bool:
     return calls in (1, 2) or calls % recheck == 0
 
 
-def observe(profiles, name, scheme, layout, info, transport, *, on_device=False) -> None:
+def next_is_check(profiles: dict, name: str) -> bool:
+    """Whether the coming sync of `name` is a check call (observe updates the profile)."""
+    prof = profiles.get(name)
+    return prof is None or is_check_call(prof.calls + 1, prof.recheck)
+
+
+def observe(profiles, name, scheme, layout, info, transport, *, on_device=False, levels=None) -> None:
     """After a sync of `name` with `scheme`: count it; on a check call, update the profile
     from what the sync returned (info: every rank's nnz, the union's size) and decide, among
-    the DEVICE_CANDIDATES when the tensor stays on its device. Other calls cost one dictionary
+    the DEVICE_CANDIDATES when the tensor stays on its device; with `levels` (two_level.Levels)
+    decide between the flat and the two-level sync too. Other calls cost one dictionary
     lookup."""
     prof = profiles.get(name)
     if prof is None:
@@ -101,8 +117,10 @@ def observe(profiles, name, scheme, layout, info, transport, *, on_device=False)
     prof.d_G = k / M if M else 0.0
     if k > 0:
         prof.gamma_n = info["union_size"] / k
-    if scheme == "hierarchical" and n > 1:
+    if scheme == "hierarchical" and n > 1 and not info.get("two_level"):
         prof.stage_gammas = _measured_stage_gammas(info, transport, k)
+    if info.get("two_level"):
+        prof.host_union = float(info["host_union"])
     import torch
 
     vbytes = torch.empty(0, dtype=layout.dtype).element_size() * layout.unit_size
@@ -123,6 +141,26 @@ def observe(profiles, name, scheme, layout, info, transport, *, on_device=False)
                  best, prof.d_G, prof.gamma_n, prof.round_bytes, hashing,
                  ", ".join(f"{s} {cost[s]:.3g}" for s in candidates))
     prof.scheme, prof.decided_at = best, prof.calls
+    if levels is not None:
+        _choose_levels(prof, name, n, M, k, vbytes, levels, transport, hashing)
+
+
+def _choose_levels(prof, name, n, M, k, vbytes, levels, transport, hashing) -> None:
+    """Flat or two-level (costmodel.two_level_costs): the host's union measured by the last
+    two-level sync, or estimated from gamma_n (gamma_curve) before one ran."""
+    H, L = levels.hosts, levels.per_host
+    host_union = prof.host_union
+    if host_union is None:
+        host_union = costmodel.gamma_curve(n, k, prof.gamma_n, prof.stage_gammas)(L) * k
+    costs = costmodel.two_level_costs(H, L, M, k, prof.gamma_n * k, host_union, vbytes,
+                                      ring=transport.pull_route() == "ring",
+                                      round_bytes=prof.round_bytes, hash_bytes=hashing)
+    two = costs["two-level"] < costs["flat"]
+    if two != prof.two_level or not prof.two_level_costs:
+        log.info("zen_hvd auto: tensor %r on %d hosts x %d ranks -> %s (host union %.4g units; cost "
+                 "in bytes of the network link: flat %.3g, two-level %.3g)", name, H, L,
+                 "two-level" if two else "flat", host_union, costs["flat"], costs["two-level"])
+    prof.two_level, prof.two_level_costs = two, costs
 
 
 def _measured_stage_gammas(info, transport, k):
@@ -145,7 +183,8 @@ def scheme_choices() -> dict:
 
     return {name: dict(scheme=p.scheme, calls=p.calls, d_G=p.d_G, gamma_n=p.gamma_n,
                        stage_gammas=p.stage_gammas, predicted_bytes=dict(p.predicted),
-                       decided_at_call=p.decided_at)
+                       decided_at_call=p.decided_at, two_level=p.two_level,
+                       two_level_costs=dict(p.two_level_costs))
             for state in runtime.states() for name, p in state.profiles.items()}
 
 

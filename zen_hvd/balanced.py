@@ -56,6 +56,9 @@ from .wire import BITMAP, POSITIONS, index_dtype, pad8
 # alone in the Push (its peers would wait for its Pull). _UNREADABLE: a Pull message too short
 # for a tag.
 _UNREADABLE = -1
+# The Pull tag of a server whose share failed to sync across hosts (two_level.py): that rank
+# raises its own error after the Pull, and the others raise naming it.
+_ACROSS_FAILED = -(1 << 62)
 
 
 def _malformed(worker: int) -> int:
@@ -94,9 +97,13 @@ class BalancedParallelism:
     auto = True
     header_in_push = True
 
-    def sync(self, req, header, ctx, be):
+    def sync(self, req, header, ctx, be, across=None, src=None):
         """One sync of req.tensor (req: request.Request; header: this rank's header row, its
-        counts still zero). Returns (units or None, values, info): with req.out (a dense
+        counts still zero). across (two_level.py): between aggregation and Pull, the server's
+        aggregated share goes through across(positions, values), which returns the share's
+        positions (ascending) and values summed over the hosts, and those are pulled; src: its
+        be.source(req.tensor), where the caller has it.
+        Returns (units or None, values, info): with req.out (a dense
         [M, D] buffer of the backend, zero outside the union) the result is written there and
         units is None; otherwise values is a new [K, D] buffer of the union's units,
         ascending, or (not req.ordered) in the order the servers sent them, which saves a sort
@@ -106,8 +113,9 @@ class BalancedParallelism:
         servers, vdtype = Servers(M, n, ctx.keys), req.vdtype
         idt = servers.idt
         isz, vsz = idt.itemsize, D * vdtype.itemsize
-        with be.step("units (non-zero rows, or coalesce)"):
-            src = be.source(req.tensor, layout)
+        if src is None:
+            with be.step("units (non-zero rows, or coalesce)"):
+                src = be.source(req.tensor, layout)
         header = header.copy()
         header[COL["error"]], header[COL["error_detail"]] = src.error, src.detail
 
@@ -148,13 +156,23 @@ class BalancedParallelism:
             tag = malformed_push(sizes_in, table, me, H, isz, vsz)
             if tag is None:
                 pull, tag = self._aggregate(be, req, servers, parts, from_worker, me)
-            if tag is not None:   # every rank then raises, from the tags (pull_formats)
-                pull = be.constant(np.array([tag], np.int64).view(np.uint8))
+        failed, host_union = None, 0
+        if tag is None and across is not None:
+            with be.step("across hosts"):
+                host_union = be.ints([be.view(pull[-8:], np.int64)])[0] >> 1
+                try:
+                    pull = _across(be, req, servers, me, pull, across)
+                except Exception as e:   # noqa: BLE001  (raised again after the Pull, below)
+                    failed, tag = e, _ACROSS_FAILED
+        if tag is not None:   # every rank then raises, from the tags (pull_formats)
+            pull = be.constant(np.array([tag], np.int64).view(np.uint8))
 
         # 4. Pull (round 2): the aggregated values of every server land back to back
         with be.step("Pull"):
             bodies, tails = tr.pull_joined(pull, pull_body_nbytes(vsz))
 
+        if failed is not None:
+            raise failed
         sizes = [be.nbytes(t) for t in tails]
         tags = be.ints([be.view(t[-8:], np.int64) if size >= 8 and size % 8 == 0 else _UNREADABLE
                         for t, size in zip(tails, sizes)])
@@ -174,7 +192,7 @@ class BalancedParallelism:
             else:
                 units = all_units
         info = dict(push_counts=table[:, COUNTS:COUNTS + n], pull_counts=np.array(K, np.int64),
-                    union_size=int(sum(K)), nnz=table[:, COL["nnz"]])
+                    union_size=int(sum(K)), nnz=table[:, COL["nnz"]], host_union=host_union)
         return units, values, info
 
     @staticmethod
@@ -224,6 +242,32 @@ class BalancedParallelism:
                 be.add_part(acc, words, prefix, j, v, req.prescale)
         be.scale_rows(acc, req.scale, req.divisor)
         return pull, None
+
+
+def _across(be, req, servers, me, pull, across):
+    """Server me's Pull buffer after across(): its aggregated share (positions j ascending and
+    their values, read from the buffer _aggregate made) summed over the hosts, in a new Pull
+    buffer of the same format rules (hash bitmap or positions, whichever is smaller)."""
+    D, vdtype, idt = req.layout.unit_size, req.vdtype, servers.idt
+    K, fmt = divmod(be.ints([be.view(pull[-8:], np.int64)])[0], 2)
+    vb = K * D * vdtype.itemsize
+    index = pull[pad8(vb):be.nbytes(pull) - 8]
+    if fmt == BITMAP:
+        words = be.view(index, np.uint64)
+        positions = be.empty_units(K)
+        be.bitmap_positions(words, be.word_prefix(words)[0], positions)
+    else:
+        positions = be.view(index[:K * idt.itemsize], idt)
+    positions, values = across(positions, be.view(pull[:vb], vdtype).reshape(K, D))
+    K, nb_bitmap = len(positions), servers.bitmap_nbytes(me)
+    fmt = BITMAP if nb_bitmap <= pad8(K * idt.itemsize) else POSITIONS
+    pull, acc, index = _pull_buffer(be, K, nb_bitmap if fmt == BITMAP else pad8(K * idt.itemsize), fmt, vdtype, D)
+    be.copy(acc, values)
+    if fmt == BITMAP:
+        be.set_bits(be.view(index, np.uint64), positions)
+    else:
+        be.copy(be.view(index[:K * idt.itemsize], idt), positions)
+    return pull
 
 
 def _decode(be, name, servers, tails, formats):
@@ -297,6 +341,11 @@ def pull_formats(name, servers, tags, tail_sizes, vsz):
     """(tags, K, index bytes) per server from the Pull tags, each checked against its message:
     an InvalidTensorError names the tensor, the servers and the workers when a server could
     not aggregate a Push part, or a message is not the size its tag says."""
+    if any(t == _ACROSS_FAILED for t in tags):
+        raise InvalidTensorError(
+            f"zen_hvd: tensor {name!r}: the sync across hosts of the shares of local ranks "
+            f"{[s for s, t in enumerate(tags) if t == _ACROSS_FAILED]} failed (their error names "
+            "the cause)")
     if any(t <= -2 for t in tags):
         bad = [s for s, t in enumerate(tags) if t <= -2]
         senders = sorted({-2 - t for t in tags if t <= -2})

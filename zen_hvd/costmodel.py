@@ -23,6 +23,7 @@ E|I_m| = U (1 - (1 - k/U)^m), U fitted to the measured gamma_n.
 from __future__ import annotations
 
 import math
+import os
 
 from .schemes import HEADER_IN_PUSH, SCHEMES as _DECLARED
 
@@ -129,6 +130,51 @@ def hashed_units(scheme: str, k: float, union: float) -> float:
     units (partition) and decodes the union's through pi^-1 (the Pull's bitmap); the other
     schemes pass over their units as often (packs, merges, sums) but hash none."""
     return k + union if scheme == "balanced" else 0.0
+
+
+def two_level_bytes(H, L, M, k, union, host_union, value_bytes, ring=True) -> dict:
+    """Bytes of one balanced sync of n = H L ranks, L to a host (two_level.py), with k units
+    per rank, |I_n| = union and a host's union host_union = gamma_L k:
+      off_host: what leaves one host (its link's busier direction);
+      inside: what one rank moves to and from the other ranks of its host.
+    The Pull messages of all servers together are P = |I_n| v + min(M/8, |I_n| i).
+      flat       off_host: L (n-L)/n k (i+v)  +  (n-1)/n P around the ring (each link
+                 carries every message but one), L (n-L)/n P direct;
+                 inside: (L-1)/n (k (i+v) + P)
+      two-level  off_host: (H-1)/H (host_union (i+v) + P)   (the host's union pushed once,
+                 each share pulled once);
+                 inside: (L-1)/L (k (i+v) + P)              (reduce-scatter and allgather)"""
+    n, i, v = H * L, INDEX_BYTES, value_bytes
+    P = union * v + min(M / 8, union * i)
+    flat_pull = (n - 1) / n * P if ring else L * (n - L) / n * P
+    return {"flat": dict(off_host=L * (n - L) / n * k * (i + v) + flat_pull,
+                         inside=(L - 1) / n * (k * (i + v) + P)),
+            "two-level": dict(off_host=(H - 1) / H * (host_union * (i + v) + P),
+                              inside=(L - 1) / L * (k * (i + v) + P))}
+
+
+def two_level_costs(H, L, M, k, union, host_union, value_bytes, ring=True, round_bytes=0.0,
+                    hash_bytes=0.0, rate_ratio=None) -> dict:
+    """Flat against two-level balanced parallelism, in bytes of the network link: the bytes
+    leaving a host, plus the bytes inside it at rate_ratio = network rate / in-host rate
+    (ZEN_HVD_NETWORK_GBPS / ZEN_HVD_HOST_GBPS, defaults 10 and 50), plus round_bytes per
+    message step (2 flat; 4 for two levels) and hash_bytes per unit a rank hashes (flat: k
+    and the union; two levels also its share's host union and union, (host_union + union)/L)."""
+    if rate_ratio is None:
+        rate_ratio = network_gbps() / host_gbps()
+    b = two_level_bytes(H, L, M, k, union, host_union, value_bytes, ring)
+    hashed = {"flat": k + union, "two-level": k + union + (host_union + union) / L}
+    steps = {"flat": 2, "two-level": 4}
+    return {s: b[s]["off_host"] + rate_ratio * b[s]["inside"] + steps[s] * round_bytes + hashed[s] * hash_bytes
+            for s in b}
+
+
+def network_gbps() -> float:
+    return float(os.environ.get("ZEN_HVD_NETWORK_GBPS") or 10)
+
+
+def host_gbps() -> float:
+    return float(os.environ.get("ZEN_HVD_HOST_GBPS") or 50)
 
 
 def predict_time(n, M, d_G, gamma, value_bytes, bandwidth_bps, schemes=SCHEMES, skew=None, blocks=None,

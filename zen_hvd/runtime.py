@@ -135,8 +135,9 @@ def _shutdown_torch():
 def _group_timeout() -> datetime.timedelta:
     """The timeout of a gloo group zen_hvd makes: the stall shutdown time (stall.py), after
     which a wait for a peer gives up (a week for 0, which waits forever elsewhere)."""
-    shutdown = stall.Policy.from_env(0.0).shutdown
-    return datetime.timedelta(seconds=shutdown if shutdown > 0 else 7 * 24 * 3600)
+    from .mpi.torch_transport import _timeout
+
+    return _timeout()
 
 
 def initialized() -> bool:
@@ -233,7 +234,10 @@ class State:
         return self._gloo
 
     def close(self):
+        from . import two_level
+
         for t in self.transports.values():
+            two_level.close(t)
             t.close()
         if self._gloo is not None:
             try:

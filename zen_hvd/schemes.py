@@ -17,12 +17,16 @@ from .balanced import BalancedParallelism
 from .baselines import DenseAllReduce, OmniReduce, SparCML, SparsePS
 from .hierarchical import HierarchicalCentralization
 from .oneshot import OneShotCentralization
+from .two_level import TwoLevel
 
 _ALL = (BalancedParallelism(), HierarchicalCentralization(), DenseAllReduce(), OneShotCentralization(),
         SparCML(), OmniReduce(), SparsePS())
 SCHEMES = {s.name: s for s in _ALL}
 NAMES = {s.code: s.name for s in _ALL}        # header code -> name
 assert len(NAMES) == len(SCHEMES), "two schemes declare the same header code"
+# The two-level sync's header names the scheme it runs across hosts (two_level.py).
+NAMES.update({TwoLevel.header_code(c): f"{name} (two levels)" for c, name in list(NAMES.items())})
+NAMES[TwoLevel.header_code(None)] = "auto (two levels)"
 AUTO = tuple(s.name for s in _ALL if s.auto)
 DEVICE = tuple(s.name for s in _ALL if s.device)
 HEADER_IN_PUSH = tuple(s.name for s in _ALL if s.header_in_push)

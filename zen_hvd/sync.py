@@ -17,7 +17,7 @@ import contextlib
 import numpy as np
 import torch
 
-from . import auto, backend, device, ops, runtime
+from . import auto, backend, device, ops, runtime, two_level as levels
 from .device_hierarchy import SCHEMES as DEVICE_TWINS
 from .header import COL, exchange, make_header
 from .request import Request
@@ -31,7 +31,7 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
                      scheme: str = "auto", transport: str | None = None,
                      process_set=None, process_group=None, unit: str | None = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     coalesced: bool = True) -> torch.Tensor:
+                     coalesced: bool = True, two_level=None) -> torch.Tensor:
     """Sum or mean of `tensor` over all ranks, with Zen's scheme choice or the scheme named.
 
     tensor: torch sparse COO (element or hybrid row-sparse, coalesced or not) or dense.
@@ -48,13 +48,17 @@ def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op=None, *,
     coalesced: a sparse result with ascending indices (default), or (False) each unit of the
         union once in the order the ranks sent it, marked uncoalesced, as Horovod's sparse
         allreduce returns its result (without its repeated rows): no sort and no gather.
+    two_level: "auto", "on" or "off" (default: ZEN_HVD_TWO_LEVEL, else "auto"), where the ranks
+        run on several hosts with several ranks each: aggregate inside each host first, the
+        scheme across hosts on each share (two_level.py); auto chooses per tensor by the cost
+        model. The same on every rank.
     """
     layout, units, values, info = allreduce_units(tensor, name, op, scheme=scheme, transport=transport,
                                                   process_set=process_set,
                                                   process_group=process_group, unit=unit,
                                                   prescale_factor=prescale_factor,
                                                   postscale_factor=postscale_factor,
-                                                  ordered=coalesced)
+                                                  ordered=coalesced, two_level=two_level)
     return result(tensor, layout, units, values)
 
 
@@ -85,7 +89,7 @@ def result(tensor, layout, units, values) -> torch.Tensor:
 
 def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None, process_set=None,
                     process_group=None, unit=None, prescale_factor=1.0, postscale_factor=1.0, out=None, step=None,
-                    ordered=True, repeats=False):
+                    ordered=True, repeats=False, two_level=None, ctx=None):
     """sparse_allreduce's core: returns (layout, units, values, info). units: the union's
     units (int64 numpy) with values [K, D] (torch), ascending unless not `ordered` (balanced
     parallelism then keeps the servers' order); or None when values is the dense [M, D]
@@ -94,14 +98,15 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     without merging them (Horovod's sparse allreduce result). out: a dense [M, D] CPU
     tensor, zero outside the union's rows, that receives the result in place (balanced
     parallelism; the other schemes copy into it). step: an optimizer's (step count, whether
-    a backward pass preceded it), for the header."""
+    a backward pass preceded it), for the header. two_level: sparse_allreduce's. ctx: the
+    runtime.Context to sync in (a level of two_level.py) instead of the group's."""
     average = ops.Average
     op = average if op is None else op
     if op not in (average, ops.Sum):
         raise ValueError(f"op must be zen_hvd.Average or zen_hvd.Sum, not {op!r}")
     if scheme != "auto" and scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: choose 'auto' or one of {sorted(SCHEMES)}")
-    ctx = runtime.context(transport, process_set, process_group)
+    ctx = ctx or runtime.context(transport, process_set, process_group)
     tr = ctx.transport
     name = name if name is not None else f"sparse_allreduce.noname.{next(ctx.state.unnamed)}"
     tr.activity = name
@@ -110,11 +115,19 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
     chosen = auto.choose(ctx.state.profiles, name) if scheme == "auto" else scheme
     layout = layout_of(tensor, unit)
     cpu = tensor.detach()
+    # Two levels where the ranks span several hosts of several ranks each, unless the tensor
+    # is empty, turned off, or auto's profile prefers the flat sync; or unless the one-shot
+    # allgather may return every rank's rows unmerged (repeats), as Horovod's result.
+    mode = levels.mode(two_level)
+    unmerged = repeats and not ordered and chosen == "agsparse"
+    lv = levels.levels(tr) if mode != "off" and layout.num_units and not unmerged else None
+    if lv is not None and not (mode == "on" or auto.two_level(ctx.state.profiles, name)):
+        lv = None
     # Balanced parallelism (backend.Device) and hierarchical centralization
     # (device_hierarchy.py) keep a CUDA tensor on its device; the baselines, and the host
-    # path, work on a host copy.
+    # path (the two-level sync's too), work on a host copy.
     stays = layout.num_units > 0 and device.wanted(layout)
-    on_device = stays and SCHEMES[chosen].device
+    on_device = stays and SCHEMES[chosen].device and lv is None
     cpu = cpu.cpu() if cpu.device.type != "cpu" and not on_device else cpu
     floating = layout.dtype.is_floating_point
     scale = float(postscale_factor) / (tr.size if op == average and floating else 1)
@@ -132,6 +145,8 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
                 units, values = None, out
         else:
             impl = DEVICE_TWINS.get(chosen, SCHEMES[chosen]) if on_device else SCHEMES[chosen]
+            if lv is not None:   # the scheme (or auto) runs across hosts
+                impl = levels.TwoLevel(lv, scheme, scheme == "auto" and auto.next_is_check(ctx.state.profiles, name))
             # float16 and bfloat16 travel and add as float32 in the schemes with their own Push
             t = widened(cpu) if impl.header_in_push else cpu
             be = backend.Device(t.device) if on_device else backend.HOST
@@ -152,7 +167,8 @@ def allreduce_units(tensor, name=None, op=None, *, scheme="auto", transport=None
                 units, values = None, out
         outputs += [units, values]
     if scheme == "auto" and layout.num_units:
-        auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, on_device=stays)
+        auto.observe(ctx.state.profiles, name, chosen, layout, info, tr, on_device=stays,
+                     levels=levels.levels(tr) if mode == "auto" else None)
     # this sync's data bytes through its transport (headers and counts are control bytes)
     info = dict(info, bytes_sent=tr.stats.bytes_sent - sent, bytes_received=tr.stats.bytes_received - received)
     last_sync.clear()

@@ -163,26 +163,63 @@ for name, inputs in (("oneshot_unordered", rows(3000, 8, 0.05, 0.5, 1.0, 12)),
 
 # -- byte counters ---------------------------------------------------------------------------
 from zen_hvd.cuda_kernels import h0  # noqa: E402
+from zen_hvd import two_level  # noqa: E402
+from zen_hvd.header import COUNTS  # noqa: E402
 from zen_hvd.wire import bitmap_nbytes  # noqa: E402
 pad8 = lambda x: (x + 7) // 8 * 8  # noqa: E731
 
 
+def received(info, M, n, me, peers):
+    """The data bytes a balanced sync of n ranks brought this rank from `peers` (ranks and
+    servers), from its info: Push parts, and Pull messages (tag, index part: the smaller of
+    bitmap and positions; indices as int32, 8 float32 values per row)."""
+    push = sum(pad8(c * 4) + c * 32 for r, c in enumerate(info["push_counts"][:, me]) if r in peers)
+    return push + sum(8 + min(bitmap_nbytes(h0.server_size(M, n, s)), pad8(k * 4)) + k * 32
+                      for s, k in enumerate(info["pull_counts"]) if s in peers)
+
+
 def check_bytes(name, M, density):
-    """Counters: conservation over ranks, and the exact sizes of Push and Pull (indices as int32,
-    8 float32 values per row; Pull index part = the smaller of bitmap and positions)."""
+    """Counters: conservation over ranks, and the exact sizes of Push and Pull; of them, those
+    from other hosts; and with two levels (several ranks per host: ZEN_HVD_RANKS_PER_HOST) the
+    exact bytes inside the host."""
     zen_hvd.reset_comm_stats()
     inputs = rows(M, 8, density, 0.4, 1.0, 10)
-    check(name, inputs)
+    twice = 2 if args.delay else 1
+    check(name, inputs, two_level="off")
     stats = zen_hvd.comm_stats()
-    table = tr.allgather_int64([stats["bytes_sent"], stats["bytes_received"]])
-    assert table[:, 0].sum() == table[:, 1].sum(), f"bytes sent != received over ranks: {table}"
+    table = tr.allgather_int64([stats["bytes_sent"], stats["bytes_received"], stats["off_host_sent"],
+                                stats["off_host_received"]])
+    assert (table[:, 0].sum(), table[:, 2].sum()) == (table[:, 1].sum(), table[:, 3].sum()), \
+        f"bytes sent != received over ranks: {table}"
     info = zen_hvd.last_sync
-    expected = sum(pad8(c * 4) + c * 32 for r, c in enumerate(info["push_counts"][:, me]) if r != me)
-    expected += sum(8 + min(bitmap_nbytes(h0.server_size(M, n, s)), pad8(k * 4)) + k * 32
-                    for s, k in enumerate(info["pull_counts"]) if s != me)
-    assert stats["bytes_received"] == expected * (2 if args.delay else 1), (name, stats, expected)
+    expected = received(info, M, n, me, [r for r in range(n) if r != me])
+    assert stats["bytes_received"] == expected * twice, (name, stats, expected)
     union = np.unique(np.concatenate([t.coalesce().indices()[0].numpy() for t in inputs]))
     assert sum(info["pull_counts"]) == union.size
+    # from other hosts: Push parts with their headers; Pull messages directly from their
+    # server, or all of them from the left neighbour around the ring
+    off = [r for r in range(n) if tr.off_host(r)]
+    header = 8 * (COUNTS + n)
+    off_push = received(dict(info, pull_counts=[]), M, n, me, off) + header * len(off)
+    pull = received(dict(info, push_counts=np.zeros((n, n), np.int64)), M, n, me, range(n)) - \
+        received(dict(info, push_counts=np.zeros((n, n), np.int64)), M, n, me, [me])
+    off_pull = received(dict(info, push_counts=np.zeros((n, n), np.int64)), M, n, me, off)
+    if tr.pull_route() == "ring":
+        off_pull = pull if tr.off_host((me - 1) % n) else 0
+    assert stats["off_host_received"] == (off_push + off_pull) * twice, (name, stats, off_push, off_pull)
+    lv = two_level.levels(tr)
+    if lv is None:
+        return
+    before = lv.local.stats.bytes_received
+    check(name + "_two_level", inputs, two_level="on")
+    info, L, l = zen_hvd.last_sync, lv.per_host, lv.local.rank
+    assert info["two_level"] and info["push_counts"].shape == (L, L)
+    expected = received(info, M, L, l, [r for r in range(L) if r != l])
+    assert lv.local.stats.bytes_received - before == expected * twice, (name, expected)
+    assert sum(info["pull_counts"]) == union.size
+    stats = zen_hvd.comm_stats()
+    table = tr.allgather_int64([stats["off_host_sent"], stats["off_host_received"]])
+    assert table[:, 0].sum() == table[:, 1].sum(), f"bytes sent != received over hosts: {table}"
 
 
 check_bytes("bytes_bitmap", 4000, 0.05)        # dense enough that Pull sends hash bitmaps
