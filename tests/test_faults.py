@@ -36,6 +36,18 @@ def test_a_rank_that_exits_in_the_pull_ends_the_job(route):
     assert "returned" not in out
 
 
+def test_a_rank_that_exits_in_the_sync_across_hosts_ends_the_job():
+    # Two levels on 2 emulated hosts x 2 ranks: the last rank exits after the Push inside its
+    # host; its peers across hosts and inside its host raise, and so does the other host.
+    env = {"ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS": "120", "ZEN_HVD_RANKS_PER_HOST": "2",
+           "ZEN_HVD_TWO_LEVEL": "on"}
+    proc = mpirun(4, "fault_cases.py", "exit_across", env=env, timeout=240, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "PeerLeftError" in out and "tensor 'fault.across'" in out, out[-3000:]
+    assert "returned" not in out
+
+
 @pytest.mark.parametrize("transport", ["mpi4py", "horovod"])
 def test_a_second_step_without_backward_raises_on_every_rank(transport):
     # Rank 1's extra step() would add its synchronized gradient to the others' next one.

@@ -35,6 +35,25 @@ def test_sync_cases_with_the_pull_around_a_ring(transport, ranks):
     assert "all cases passed" in proc.stdout
 
 
+@pytest.mark.parametrize("transport,ranks,per_host", [("mpi4py", 4, 2), ("mpi4py", 6, 3), ("torch", 6, 2)])
+def test_sync_cases_on_two_levels(transport, ranks, per_host):
+    # Hosts of several ranks, emulated on one machine (consecutive ranks to a host): 2 x 2,
+    # 2 x 3 and 3 x 2. The whole battery runs the two-level sync where it applies: exact,
+    # bitwise identical on every rank, the same errors everywhere (a mismatch across hosts
+    # too), the bytes inside the host exact, and flat's bytes from other hosts exact.
+    proc = mpirun(ranks, "sync_cases.py", "--transport", transport, "--examples", 4,
+                  env={"ZEN_HVD_RANKS_PER_HOST": str(per_host)}, timeout=900)
+    assert "all cases passed" in proc.stdout
+
+
+def test_hosts_that_disagree_on_their_grouping_raise_on_every_rank():
+    # ZEN_HVD_RANKS_PER_HOST set on one rank only: every rank raises at the transport's
+    # construction, naming the setting, instead of running different rounds.
+    proc = mpirun(3, "grouping_case.py", timeout=240, check=False)
+    assert proc.returncode == 0 and proc.stdout.count("raised: zen_hvd: the ranks hold different") == 3, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_sync_cases_horovodrun_gloo():
     # No MPI job: the default transport is torch.distributed point to point.
     proc = horovodrun_gloo(3, "sync_cases.py", "--examples", 5)

@@ -42,6 +42,7 @@ from .units import INDEX_OUT_OF_RANGE, OK
 MODE_VAR = "ZEN_HVD_TWO_LEVEL"
 MODES = ("auto", "on", "off")
 log = logging.getLogger("zen_hvd")
+syncs = 0   # two-level syncs this process ran
 
 
 @dataclasses.dataclass
@@ -127,6 +128,8 @@ class TwoLevel:
     def sync(self, req, header, ctx, be):
         from . import runtime
 
+        global syncs
+        syncs += 1
         lv, parent = self.lv, ctx.transport
         for t in (lv.local, lv.cross):
             t.activity, t.syncs = parent.activity, parent.syncs

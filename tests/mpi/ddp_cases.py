@@ -159,6 +159,8 @@ if args.case == "all":
     assert torch.load(pickled, weights_only=False).state_dict()["iter"] == state.iter
     print(f"rank {me}: DGC through the hook, checkpoint resumed exactly", flush=True)
     dist.barrier()
+    if os.environ.get("ZEN_HVD_TWO_LEVEL") == "on":   # several ranks per host: two levels ran
+        assert __import__("zen_hvd.two_level", fromlist=["x"]).syncs > 0
     if me == 0:
         print(f"ddp_cases: all cases passed on {n} ranks ({DEV.type} tensors)", flush=True)
     # DDP models alive at interpreter exit sometimes end torch 2.13 with "terminate called

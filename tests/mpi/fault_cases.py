@@ -8,6 +8,8 @@ MODE:
   step_again  rank 1 calls optimizer.step() twice after one backward pass, mid-training: its
               extra step pairs with the others' next, and every rank raises the same error
               (each prints it; the test expects it three times).
+  exit_in_pull  rank 1 exits where its Pull would go out.
+  exit_across   two levels: the last rank exits where its share's sync across hosts starts.
   raise       rank 1 raises an uncaught error between two syncs.
   hang        rank 1 sleeps instead of its second sync (alive, silent).
   transport   rank 1 syncs over Horovod's collectives, the others over mpi4py (the ranks'
@@ -50,6 +52,17 @@ elif mode == "exit_in_pull":
         runtime.get_transport(transport)._pull_joined = lambda *a: sys.exit(1)
     zen_hvd.sparse_allreduce(grad, name="fault.pull", transport=transport)
     print(f"rank {me}: the sync returned without rank 1's Pull", flush=True)
+elif mode == "exit_across":
+    # Two levels (ZEN_HVD_RANKS_PER_HOST=2, ZEN_HVD_TWO_LEVEL=on, 4 ranks): the last rank
+    # exits where its share's sync across hosts would start, after the header round and the
+    # Push inside its host.
+    zen_hvd.sparse_allreduce(grad, name="fault.first", transport=transport)
+    if me == n - 1:
+        from zen_hvd import runtime, two_level
+
+        two_level.levels(runtime.get_transport(transport)).cross._push = lambda *a: sys.exit(1)
+    zen_hvd.sparse_allreduce(grad, name="fault.across", transport=transport)
+    print(f"rank {me}: the sync returned without rank {n - 1}", flush=True)
 elif mode == "extra_step":
     torch.manual_seed(0)
     model = nn.Embedding(10, 3, sparse=True)

@@ -455,6 +455,8 @@ def bad_input():
 
 
 assert passed
+if os.environ.get("ZEN_HVD_TWO_LEVEL") == "on":   # several ranks per host: two levels ran
+    assert __import__("zen_hvd.two_level", fromlist=["x"]).syncs > 0
 if me == 0:
     print(f"all cases passed ({len(passed)} cases, {n} ranks, "
           f"{'gloo' if hvd.gloo_enabled() else 'mpi'}, transport "
