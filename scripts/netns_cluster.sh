@@ -86,7 +86,7 @@ run() {
   export ZEN_HVD_RANKS_SHARING_CORES=$(( n * per ))
   local envs="-x PATH -x ZEN_HVD_RANKS_SHARING_CORES"
   for v in VIRTUAL_ENV PYTHONPATH; do [ -n "${!v:-}" ] && envs="$envs -x $v"; done
-  for v in $(compgen -e | grep '^ZEN_HVD_' || true); do envs="$envs -x $v"; done
+  for v in $(compgen -e | grep -E '^(ZEN_HVD|HOROVOD)_' || true); do envs="$envs -x $v"; done
   local hosts=""
   for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i):$per"; done
   # Every host has L slots, so Open MPI thinks no core is shared and busy-polls; the hosts

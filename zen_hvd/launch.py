@@ -23,14 +23,15 @@ def mpirun_command(ranks: int) -> list:
     return cmd
 
 
-def launch_command(ranks: int, emulate: "str | None", command: list) -> list:
+def launch_command(ranks: int, emulate: "str | None", command: list, per_host: int = 1) -> list:
     """`command` on `ranks` ranks: local ranks under mpirun_command, or with `emulate` (a link
-    rate such as 1gbit) one rank per network namespace joined by tc-limited links
-    (scripts/netns_cluster.sh run, which needs root)."""
+    rate such as 1gbit) `per_host` ranks per network namespace (sharing memory), the
+    namespaces joined by tc-limited links (scripts/netns_cluster.sh run, which needs root)."""
     if not emulate:
         return mpirun_command(ranks) + list(command)
     script = _NETNS
-    return ["bash", os.path.abspath(script), "run", str(ranks), emulate, "--", *command]
+    hosts = f"{ranks // per_host}x{per_host}" if per_host > 1 else str(ranks)
+    return ["bash", os.path.abspath(script), "run", hosts, emulate, "--", *command]
 
 
 def torchrun_command(ranks: int, emulate: "str | None", python_args: list) -> list:

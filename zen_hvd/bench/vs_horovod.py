@@ -1,6 +1,7 @@
 """Zen against Horovod on one embedding gradient, side by side in one launch.
 
-    python -m zen_hvd.bench.vs_horovod [--ranks 4] [--emulate 1gbit] [--repeats 20]
+    python -m zen_hvd.bench.vs_horovod [--ranks 4] [--emulate 1gbit] [--per-host L]
+                                       [--horovod-hierarchical] [--repeats 20]
                                        [--vocab 200000] [--dim 64] [--tokens 4096] [--zipf 1.05]
                                        [--out F.csv]
 
@@ -12,11 +13,14 @@ repeat after repeat in turn, with:
                   the gradient as it is (what Horovod's optimizer does)
   horovod-coalesced the same of the gradient coalesced first (coalesce timed too): the
                   strongest allgather, each distinct row sent once
-  zen-balanced    zen_hvd.sparse_allreduce(scheme="balanced")
+  zen-balanced    zen_hvd.sparse_allreduce(scheme="balanced", two_level="off"): flat
+  zen-two-level   the same with two_level="on": balanced inside each host and across hosts
+                  (with --per-host L > 1)
   zen-uncoalesced zen_hvd.sparse_allreduce(scheme="balanced", coalesced=False): the union's
                   rows in the servers' order, as Horovod's result is unsorted (and what the
                   optimizer takes): no sort and no gather of the result
-  zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls
+  zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls (it
+                  chooses the scheme, and flat or two-level)
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
 sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank
 (Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D),
@@ -27,6 +31,14 @@ max(bytes sent, received) over that rate, and its wire share the ideal over its 
 of the sync the link is busy with its bytes). Results are checked against the dense allreduce. --out writes the
 table as CSV, one row per method, with the setting in every row.
 
+--per-host L: L ranks on each host (with --emulate, L ranks share each namespace, and memory;
+without, ZEN_HVD_RANKS_PER_HOST=L groups consecutive ranks). Then the table also gives the
+bytes leaving a host per sync (mean over hosts): Zen's counted (the transports' off-host
+counters), Horovod's computed: an allgather brings each host every other host's rows,
+(n - L) k (8 + 4 D) (coalesced: the distinct rows). --horovod-hierarchical sets
+HOROVOD_HIERARCHICAL_ALLGATHER=1 for the job: Horovod's allgathers gather inside each host
+first (Horovod reads it at start, so it holds for the whole launch).
+
 Started plainly it runs itself under mpirun (--ranks local ranks), or with --emulate on
 --ranks network namespaces joined by tc-limited links (scripts/netns_cluster.sh, needs root);
 started under mpirun or horovodrun, it runs on that job's ranks.
@@ -34,6 +46,7 @@ started under mpirun or horovodrun, it runs on that job's ranks.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shlex
 import statistics
@@ -43,7 +56,8 @@ import time
 
 from .common import add_embedding_args
 
-METHODS = ("horovod-dense", "horovod-sparse", "horovod-coalesced", "zen-balanced", "zen-uncoalesced", "zen-auto")
+METHODS = ("horovod-dense", "horovod-sparse", "horovod-coalesced", "zen-balanced", "zen-two-level",
+           "zen-uncoalesced", "zen-auto")
 
 
 def _cpu():
@@ -58,6 +72,9 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_embedding_args(ap, repeats=20, rate="1gbit")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--per-host", type=int, default=1, help="ranks per host (see above)")
+    ap.add_argument("--horovod-hierarchical", action="store_true",
+                    help="HOROVOD_HIERARCHICAL_ALLGATHER=1 for the job")
     ap.add_argument("--transport", default=None)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--timeline", action="store_true",
@@ -113,14 +130,15 @@ def child(args):
     def horovod_coalesced():
         return hvd.sparse_allreduce_async(grad.coalesce(), name="bench.coalesced", op=hvd.Average)()
 
-    def zen(scheme, coalesced=True):
-        name = f"bench.{scheme}" + ("" if coalesced else ".uncoalesced")
+    def zen(scheme, coalesced=True, two_level="off"):
+        name = f"bench.{scheme}.{two_level}" + ("" if coalesced else ".uncoalesced")
         return lambda: zen_hvd.sparse_allreduce(grad, name=name, op=zen_hvd.Average, scheme=scheme,
-                                                transport=args.transport, coalesced=coalesced)
+                                                transport=args.transport, coalesced=coalesced,
+                                                two_level=two_level)
 
     fns = {"horovod-dense": horovod_dense, "horovod-sparse": horovod_sparse, "horovod-coalesced": horovod_coalesced,
-           "zen-balanced": zen("balanced"), "zen-uncoalesced": zen("balanced", coalesced=False),
-           "zen-auto": zen("auto")}
+           "zen-balanced": zen("balanced"), "zen-two-level": zen("balanced", two_level="on"),
+           "zen-uncoalesced": zen("balanced", coalesced=False), "zen-auto": zen("auto", two_level="auto")}
     methods = [m for m in args.methods.split(",") if m]
     # Correctness first: every method against the dense allreduce.
     ref = horovod_dense()
@@ -131,7 +149,7 @@ def child(args):
     wall = {m: [] for m in methods}
     cpu = {m: [] for m in methods}
     kernel = {m: [] for m in methods}   # its system (kernel) part: MPI's TCP, the polls' sleeps
-    zen_bytes = {m: [0, 0] for m in methods}
+    zen_bytes = {m: [0, 0, 0] for m in methods}   # received, sent, sent off host
     for _ in range(args.repeats):
         for m in methods:
             hvd.barrier()
@@ -147,6 +165,7 @@ def child(args):
                 - before["bytes_received"] - before["control_bytes_received"]
             zen_bytes[m][1] += after["bytes_sent"] + after["control_bytes_sent"] \
                 - before["bytes_sent"] - before["control_bytes_sent"]
+            zen_bytes[m][2] += after["off_host_sent"] - before["off_host_sent"]
     timeline = phase_timeline(hvd, fns["zen-balanced"]) if args.timeline else None
     rate = link_rate(hvd)
     # Every rank's numbers, to rank 0: per repeat walls, CPU and system medians, bytes.
@@ -154,12 +173,14 @@ def child(args):
     for m in methods:
         row += wall[m] + [statistics.median(cpu[m]), statistics.median(kernel[m]),
                           zen_bytes[m][0] / args.repeats,
-                          zen_bytes[m][1] / args.repeats]
-    row += [rows, rate]
+                          zen_bytes[m][1] / args.repeats, zen_bytes[m][2] / args.repeats]
+    host = runtime.get_transport(args.transport).host_of[me]
+    row += [host, rows, rate]
     table = hvd.allgather(torch.tensor([row], dtype=torch.float64)).numpy()
     if me != 0:
         return
-    choice = zen_hvd.scheme_choices().get("bench.auto", {}).get("scheme", "-")
+    prof = zen_hvd.scheme_choices().get("bench.auto.auto", {})
+    choice = prof.get("scheme", "-") + (", two-level" if prof.get("two_level") and args.per_host > 1 else "")
     report(args, n, methods, table, agree, choice)
     if timeline:
         print_timeline(timeline)
@@ -245,12 +266,18 @@ def report(args, n, methods, table, agree, choice):
     k = args.tokens
     rows = table[:, -2]
     rate = float(table[0, -1])
+    hosts = table[:, -3].astype(int)
+    H, L = hosts.max() + 1, args.per_host
     horovod_bytes = {"horovod-dense": 2 * (n - 1) / n * V * D * 4,
                      "horovod-sparse": (n - 1) * k * (8 + 4 * D),
                      "horovod-coalesced": float((rows.sum() - rows).max()) * (8 + 4 * D)}
+    # what an allgather brings each host from the others, mean over hosts
+    leaving = {"horovod-sparse": (n - L) * k * (8 + 4 * D),
+               "horovod-coalesced": float((rows.sum() - np.bincount(hosts, rows)[hosts]).mean()) * (8 + 4 * D),
+               "horovod-dense": 2 * (H - 1) / H * V * D * 4}
     res = {}
     for i, m in enumerate(methods):
-        base = i * (R + 4)
+        base = i * (R + 5)
         walls = table[:, base:base + R]
         t = float(np.median(walls.max(axis=0)))        # each repeat's slowest rank
         c = float(table[:, base + R].mean())
@@ -258,18 +285,23 @@ def report(args, n, methods, table, agree, choice):
         recv = table[:, base + R + 2]
         sent = table[:, base + R + 3]
         counted = m.startswith("zen")
+        off = float(np.bincount(hosts, table[:, base + R + 4]).mean()) if counted else leaving[m]
         b = float(recv.max()) if counted else horovod_bytes[m]
         crit = float(np.maximum(recv, sent).max()) if counted else b
         res[m] = dict(t=t, cpu=c, sys=sys_cpu, bytes=b, ideal=crit / rate if rate == rate else float("nan"),
-                      counted=counted)
+                      counted=counted, leaving=off)
         res[m]["wire"] = res[m]["ideal"] / t
-    where = f"{n} emulated hosts, {args.emulate} links" if args.emulate else f"{n} ranks, one machine (shared memory)"
+    where = (f"{H} emulated hosts x {L} ranks, {args.emulate} links" if args.emulate else
+             f"{n} ranks, one machine (shared memory)" + (f", {L} to a host" if L > 1 else ""))
+    if args.horovod_hierarchical:
+        where += ", HOROVOD_HIERARCHICAL_ALLGATHER=1"
     print(f"\nzen_hvd.bench.vs_horovod: {where}; embedding {V:,} x {D} float32, {k:,} tokens per rank "
           f"(Zipf {args.zipf}), {rows.mean():,.0f} distinct rows per rank (mean); {R} repeats")
     print("  " + reproduce("zen_hvd.bench.vs_horovod"))
     print(f"  measured link rate (16 MiB, rank 0 -> 1): {rate * 8 / 1e9:.2f} Gbit/s")
     print(f"  {'method':<18}{'time ms':>9}{'cpu ms':>9}{'sys ms':>8}{'recv B/rank':>14}{'t/hvd-sparse':>13}"
-          f"{'t/coalesced':>12}{'B/coalesced':>12}{'ideal ms':>10}{'t/ideal':>8}{'wire':>6}  agrees")
+          f"{'t/coalesced':>12}{'B/coalesced':>12}{'ideal ms':>10}{'t/ideal':>8}{'wire':>6}"
+          + (f"{'B leaving host':>15}" if L > 1 else "") + "  agrees")
     hs, hc = res.get("horovod-sparse"), res.get("horovod-coalesced")
     for m in methods:
         r = res[m]
@@ -279,10 +311,15 @@ def report(args, n, methods, table, agree, choice):
         mark = "" if r["counted"] else " (bytes computed)"
         print(f"  {m:<18}{r['t'] * 1e3:>9.2f}{r['cpu'] * 1e3:>9.2f}{r['sys'] * 1e3:>8.2f}{r['bytes']:>14,.0f}"
               f"{ts:>13}{tc:>12}{bc:>12}{r['ideal'] * 1e3:>10.1f}{r['t'] / r['ideal']:>8.2f}{r['wire']:>6.0%}"
-              f"  {agree[m]}{mark}")
+              + (f"{r['leaving']:>15,.0f}" if L > 1 else "") + f"  {agree[m]}{mark}")
     if "zen-auto" in methods:
         print(f"  zen-auto chose: {choice}")
-    for m, what in (("zen-balanced", "Zen balanced"), ("zen-uncoalesced", "Zen balanced, uncoalesced,")):
+    if L > 1 and "zen-two-level" in res and "zen-balanced" in res:
+        z2, z1 = res["zen-two-level"], res["zen-balanced"]
+        print(f"  Zen two-level is {z1['t'] / z2['t']:.2f}x flat Zen in speed, its bytes leaving a host "
+              f"{z2['leaving'] / z1['leaving']:.2f}x flat Zen's")
+    for m, what in (("zen-balanced", "Zen balanced"), ("zen-two-level", "Zen two-level"),
+                    ("zen-uncoalesced", "Zen balanced, uncoalesced,")):
         for peer, peer_name in ((hs, "Horovod's sparse allgather"), (hc, "the coalesced allgather")):
             if peer and m in res:
                 z = res[m]
@@ -295,6 +332,7 @@ def report(args, n, methods, table, agree, choice):
                               bytes_vs_horovod_sparse=res[m]["bytes"] / hs["bytes"] if hs else "",
                               time_vs_coalesced=res[m]["t"] / hc["t"] if hc else "",
                               ideal_ms=res[m]["ideal"] * 1e3, wire_share=res[m]["wire"],
+                              bytes_leaving_host=res[m]["leaving"],
                               agrees=agree[m], link_gbps=rate * 8 / 1e9) for m in methods])
     if not all(agree.values()):
         sys.exit(1)
@@ -304,7 +342,11 @@ def launch(args):
     here = [sys.executable, "-m", "zen_hvd.bench.vs_horovod", "--child", *sys.argv[1:]]
     from zen_hvd.bench.common import launch_command
 
-    cmd = launch_command(args.ranks, args.emulate, here)
+    cmd = launch_command(args.ranks, args.emulate, here, args.per_host)
+    if args.per_host > 1 and not args.emulate:
+        os.environ["ZEN_HVD_RANKS_PER_HOST"] = str(args.per_host)
+    if args.horovod_hierarchical:
+        os.environ["HOROVOD_HIERARCHICAL_ALLGATHER"] = "1"
     print("+", shlex.join(cmd), flush=True)
     sys.exit(subprocess.run(cmd).returncode)
 
