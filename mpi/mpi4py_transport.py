@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from . import stall
+from .torch_transport import host_key
 from .transport import PointToPoint, body_of, copy, displacements, empty_like, pad8
 
 PUSH_TAG, PULL_TAG, STEP_TAG, FAREWELL_TAG = 101, 102, 103, 104
@@ -78,10 +79,7 @@ class Mpi4pyTransport(PointToPoint):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
-        # The hosts: the ranks that share memory (MPI's split), each named by its first rank.
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.group_hosts(self.allgather_int64(self.host_row(local.bcast(self.rank, root=0))))
-        local.Free()
+        self.group_hosts(self.allgather_int64(self.host_row(host_key())))
         self._left = {}   # rank -> its sync count, for the ranks that said farewell
         self._cuda_aware = cuda_aware(MPI)
         atexit.register(self._farewell)   # before mpi4py's MPI_Finalize (registered earlier)

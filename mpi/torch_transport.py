@@ -120,6 +120,14 @@ def _peer_loss(method):
     return wrapper
 
 
+def host_key() -> int:
+    """This host's key among the ranks (Transport.group_hosts): its host name and its outward
+    address, the same on the ranks of one host (network namespaces on one machine, as the
+    emulated cluster's hosts, share the name and differ in the address)."""
+    where = f"{socket.gethostname()} {own_address()}".encode()
+    return int.from_bytes(hashlib.blake2b(where, digest_size=7).digest(), "little")
+
+
 def own_address() -> str:
     """This host's address as peers reach it: ZEN_HVD_RENDEZVOUS_ADDR, else the address of the
     interface that routes outward, else (no default route, as on a private cluster network)
@@ -236,9 +244,7 @@ class TorchTransport(PointToPoint):
         self._nccl = None   # made at the first device sync (_data_group)
         self._nccl_usable = None   # moves_cuda
         super().__init__(rank, size)
-        # The hosts: ranks with the same host name and outward address share one.
-        where = hashlib.blake2b(f"{socket.gethostname()} {own_address()}".encode(), digest_size=7).digest()
-        self.group_hosts(self.allgather_int64(self.host_row(int.from_bytes(where, "little"))))
+        self.group_hosts(self.allgather_int64(self.host_row(host_key())))
         # At exit too: a gloo thread still alive while the interpreter finalizes can abort
         # the process when it drops its last reference to a tensor.
         atexit.register(self.close)

@@ -61,10 +61,12 @@ TMPDIR_BASE=$SESSIONS
 while [ \$# -gt 0 ]; do case "\$1" in -*) shift;; *) break;; esac; done
 host=\$1; shift
 ns=$PREFIX\$(( \${host##*.} - 1 ))
-# Every host's daemon gets its own session directory: they share /tmp and one host name, and
-# two daemons creating the same directory at once fail ("File exists").
+# Every host's daemon gets its own session directory (the hosts share /tmp, and two daemons
+# creating the same directory at once fail: "File exists") and its own host name (a UTS
+# namespace named as the host): Open MPI, Horovod and zen_hvd tell hosts apart by name.
 mkdir -p "\$TMPDIR_BASE/\$ns"
-exec ip netns exec "\$ns" env OMPI_MCA_orte_tmpdir_base="\$TMPDIR_BASE/\$ns" /bin/sh -c "\$*"
+exec ip netns exec "\$ns" unshare --uts env OMPI_MCA_orte_tmpdir_base="\$TMPDIR_BASE/\$ns" \\
+  ZEN_NETNS_HOST="\$ns" /bin/sh -c 'hostname "\$ZEN_NETNS_HOST" && exec /bin/sh -c "\$1"' agent "\$*"
 EOF
   chmod +x "$AGENT"
 }
@@ -90,11 +92,13 @@ run() {
   local hosts=""
   for ((i = 0; i < n; i++)); do hosts="$hosts${hosts:+,}$(host_ip $i):$per"; done
   # Every host has L slots, so Open MPI thinks no core is shared and busy-polls; the hosts
-  # do share this machine's cores, so ranks must yield while they wait. Ranks of one host
-  # talk through shared memory (vader), the others over TCP on the shaped links.
+  # do share this machine's cores, so ranks must yield while they wait. All ranks talk over
+  # TCP: ranks of one host reach each other's address through the namespace's loopback,
+  # unshaped, and the others over the shaped links. Host 0 is mpirun's own namespace; it runs
+  # under the machine's host name, the others under their namespace's.
   ip netns exec "$(host_ns 0)" mpirun --allow-run-as-root --oversubscribe --bind-to none \
     -np $(( n * per )) --host "$hosts" --map-by slot --mca plm_rsh_agent "$AGENT" \
-    --mca btl tcp,vader,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
+    --mca btl tcp,self --mca btl_tcp_if_include $CIDR --mca oob_tcp_if_include $CIDR \
     --mca mpi_yield_when_idle 1 \
     $envs --wdir "$PWD" "$@"
 }

@@ -17,9 +17,9 @@ L ranks of the host (the local transport), with the shares summed across hosts i
 
 Bytes leaving a host: the host's union once (gamma_L k units, gamma_L <= L) instead of every
 local rank's k units, and the union's shares once each (costmodel.two_level_bytes). The hosts
-come from the transport (Transport.group_hosts: MPI's shared-memory split, host name and
-address under torch.distributed, or ZEN_HVD_RANKS_PER_HOST), and it applies when every host
-runs the same number of ranks, more than one, and there is more than one host.
+come from the transport (Transport.group_hosts: host name and outward address, on every
+transport that can split, or ZEN_HVD_RANKS_PER_HOST), and it applies when every host runs
+the same number of ranks, more than one, and there is more than one host.
 
 ZEN_HVD_TWO_LEVEL (or two_level= of a sync): "on", "off", or "auto" (default): per tensor,
 auto.py's profile compares the two by the cost model (costmodel.two_level_costs).
