@@ -79,15 +79,15 @@ class Mpi4pyTransport(PointToPoint):
             self.comm = world.Create_group(group)
             group.Free()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size())
-        self.group_hosts(self.allgather_int64(self.host_row(host_key())))
         self._left = {}   # rank -> its sync count, for the ranks that said farewell
+        self.group_hosts(self.allgather_int64(self.host_row(host_key())))
         self._cuda_aware = cuda_aware(MPI)
         atexit.register(self._farewell)   # before mpi4py's MPI_Finalize (registered earlier)
 
     def close(self):
         atexit.unregister(self._farewell)
 
-    def split(self, color):
+    def _split(self, color, members):
         return Mpi4pyTransport(comm=self.comm.Split(int(color), self.rank))
 
     # -- departed peers ------------------------------------------------------------------

@@ -250,9 +250,8 @@ class TorchTransport(PointToPoint):
         atexit.register(self.close)
         atexit.register(self._farewell)
 
-    def split(self, color):
-        colors = self.allgather_int64([int(color)])[:, 0]
-        return TorchTransport(None, None, [g for g, c in zip(self._global, colors) if c == color])
+    def _split(self, color, members):
+        return TorchTransport(None, None, [self._global[r] for r in members])
 
     def _farewell(self):
         """At exit: this rank's sync count into the store (see departed)."""

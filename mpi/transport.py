@@ -123,7 +123,19 @@ class Transport:
 
     def split(self, color: int):
         """A transport of the same kind over the ranks that pass the same `color` (every rank
-        calls it together), ranked as here; None where the transport cannot make one."""
+        calls it together), ranked as here, its ranks on the hosts they are on here; None
+        where the transport cannot make one."""
+        colors = self.allgather_int64([int(color)])[:, 0]
+        members = [r for r in range(self.size) if colors[r] == color]
+        sub = self._split(color, members)
+        if sub is not None:
+            index: dict = {}
+            sub.host_of = [index.setdefault(self.host_of[r], len(index)) for r in members]
+            sub.hosts = len(index)
+        return sub
+
+    def _split(self, color: int, members: list):
+        """split's transport over `members` (ranks here, ascending), or None."""
         return None
 
     # -- what subclasses implement -------------------------------------------------------

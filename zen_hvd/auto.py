@@ -181,11 +181,17 @@ def scheme_choices() -> dict:
     by."""
     from . import runtime
 
-    return {name: dict(scheme=p.scheme, calls=p.calls, d_G=p.d_G, gamma_n=p.gamma_n,
-                       stage_gammas=p.stage_gammas, predicted_bytes=dict(p.predicted),
-                       decided_at_call=p.decided_at, two_level=p.two_level,
-                       two_level_costs=dict(p.two_level_costs))
-            for state in runtime.states() for name, p in state.profiles.items()}
+    def levels(state):   # the two-level syncs' choices across hosts (two_level.py)
+        return [lv.cross_state for t in state.transports.values() if getattr(t, "_levels", None)
+                for lv in [t._levels]]
+
+    return {name + suffix: dict(scheme=p.scheme, calls=p.calls, d_G=p.d_G, gamma_n=p.gamma_n,
+                                stage_gammas=p.stage_gammas, predicted_bytes=dict(p.predicted),
+                                decided_at_call=p.decided_at, two_level=p.two_level,
+                                two_level_costs=dict(p.two_level_costs))
+            for top in runtime.states()
+            for state, suffix in [(top, "")] + [(s, " (across hosts)") for s in levels(top)]
+            for name, p in state.profiles.items()}
 
 
 def reset() -> None:

@@ -163,11 +163,13 @@ class TwoLevel:
         finally:
             parent.broken |= lv.local.broken or lv.cross.broken
             self._count(parent, before)
-        info = dict(info, nnz=table[:, COL["nnz"]], two_level=True)
-        if self.measure:   # the hosts' unions for auto's profile, the same on every rank
-            host_union = parent.allgather_int64([int(info["host_union"])])[:, 0]
-            info["host_union"] = float(host_union.sum()) / lv.hosts
-        return units, values, info
+        # Every rank's units (as many as it sent: an uncoalesced tensor's repeats counted
+        # once), and the hosts' unions for auto's profile: the same on every rank.
+        nnz = table[:, COL["nnz"]]
+        if self.measure:
+            got = parent.allgather_int64([int(info["nnz"][lv.local.rank]), int(info["host_union"])])
+            nnz, info["host_union"] = got[:, 0], float(got[:, 1].sum()) / lv.hosts
+        return units, values, dict(info, nnz=nnz, two_level=True)
 
     def _across(self, req, cross_ctx, size, positions, values):
         """Share `positions` (ascending, of `size`), `values` summed across the hosts and
@@ -178,7 +180,8 @@ class TwoLevel:
         j = torch.from_numpy(np.asarray(positions, np.int64)).reshape(1, -1)
         share = torch.sparse_coo_tensor(j, torch.from_numpy(np.asarray(values)), (size, D), is_coalesced=True,
                                         check_invariants=False)
-        _, units, summed, _ = allreduce_units(share, req.name, ops.Sum, scheme=self.scheme, ctx=cross_ctx)
+        _, units, summed, _ = allreduce_units(share, req.name, ops.Sum, scheme=self.scheme, ctx=cross_ctx,
+                                              two_level="off")
         summed = np.ascontiguousarray(summed.numpy())
         from .backend import HOST
 

@@ -166,8 +166,9 @@ def child(args):
             zen_bytes[m][1] += after["bytes_sent"] + after["control_bytes_sent"] \
                 - before["bytes_sent"] - before["control_bytes_sent"]
             zen_bytes[m][2] += after["off_host_sent"] - before["off_host_sent"]
-    timeline = phase_timeline(hvd, fns["zen-balanced"]) if args.timeline else None
-    rate = link_rate(hvd)
+    traced = "zen-two-level" if args.per_host > 1 and "zen-two-level" in methods else "zen-balanced"
+    timeline = phase_timeline(hvd, fns[traced]) if args.timeline else None
+    rate = link_rate(hvd, args.per_host)
     # Every rank's numbers, to rank 0: per repeat walls, CPU and system medians, bytes.
     row = []
     for m in methods:
@@ -181,9 +182,11 @@ def child(args):
         return
     prof = zen_hvd.scheme_choices().get("bench.auto.auto", {})
     choice = prof.get("scheme", "-") + (", two-level" if prof.get("two_level") and args.per_host > 1 else "")
+    across = zen_hvd.scheme_choices().get("bench.auto.auto (across hosts)")
+    choice += f" (across hosts: {across['scheme']})" if across and prof.get("two_level") else ""
     report(args, n, methods, table, agree, choice)
     if timeline:
-        print_timeline(timeline)
+        print_timeline(timeline, traced)
 
 
 def phase_timeline(hvd, fn, syncs=5):
@@ -214,11 +217,11 @@ def phase_timeline(hvd, fn, syncs=5):
             for rank, r in enumerate(got) for name, a, b in r[pick]]
 
 
-def print_timeline(rows):
+def print_timeline(rows, method):
     """Per phase: when its first rank started it and its last rank ended it, and its duration
     on each rank (mean and max): a phase that lasts much longer than its work waits on a peer."""
     phases = list(dict.fromkeys(name for _, name, _, _ in rows))
-    print("\n  timeline of one zen-balanced sync (ms from its first start; every rank):")
+    print(f"\n  timeline of one {method} sync (ms from its first start; every rank):")
     print(f"  {'phase':<52}{'first start':>12}{'last end':>10}{'mean dur':>10}{'max dur':>9}")
     for ph in phases:
         mine = [(a, b) for _, name, a, b in rows if name == ph]
@@ -233,11 +236,12 @@ def print_timeline(rows):
             print(f"  {ph:<52}" + "".join(f"{spans.get(r, '-'):>13}" for r in ranks))
 
 
-def link_rate(hvd):
-    """Bytes/s of a 16 MiB transfer from rank 0 to rank 1 (median of 3), on every rank."""
+def link_rate(hvd, per_host=1):
+    """Bytes/s of a 16 MiB transfer from rank 0 to the first rank of the next host (rank
+    per_host; median of 3), on every rank."""
     import torch
 
-    if hvd.size() < 2:
+    if hvd.size() <= per_host:
         return float("nan")
     from mpi4py import MPI
 
@@ -248,9 +252,9 @@ def link_rate(hvd):
         comm.Barrier()
         t0 = time.perf_counter()
         if me == 0:
-            comm.Send(buf, dest=1, tag=7)
-            comm.Recv(buf[:1], source=1, tag=8)
-        elif me == 1:
+            comm.Send(buf, dest=per_host, tag=7)
+            comm.Recv(buf[:1], source=per_host, tag=8)
+        elif me == per_host:
             comm.Recv(buf, source=0, tag=7)
             comm.Send(buf[:1], dest=0, tag=8)
         times.append(time.perf_counter() - t0)
@@ -298,7 +302,7 @@ def report(args, n, methods, table, agree, choice):
     print(f"\nzen_hvd.bench.vs_horovod: {where}; embedding {V:,} x {D} float32, {k:,} tokens per rank "
           f"(Zipf {args.zipf}), {rows.mean():,.0f} distinct rows per rank (mean); {R} repeats")
     print("  " + reproduce("zen_hvd.bench.vs_horovod"))
-    print(f"  measured link rate (16 MiB, rank 0 -> 1): {rate * 8 / 1e9:.2f} Gbit/s")
+    print(f"  measured link rate (16 MiB, rank 0 -> {L}): {rate * 8 / 1e9:.2f} Gbit/s")
     print(f"  {'method':<18}{'time ms':>9}{'cpu ms':>9}{'sys ms':>8}{'recv B/rank':>14}{'t/hvd-sparse':>13}"
           f"{'t/coalesced':>12}{'B/coalesced':>12}{'ideal ms':>10}{'t/ideal':>8}{'wire':>6}"
           + (f"{'B leaving host':>15}" if L > 1 else "") + "  agrees")
