@@ -10,3 +10,12 @@ from conftest import mpirun
 def test_scheme_cases(ranks, transport):
     proc = mpirun(ranks, "scheme_cases.py", "--transport", transport, "--examples", 4)
     assert "all cases passed" in proc.stdout
+
+
+def test_scheme_cases_on_two_levels():
+    # 2 emulated hosts x 2 ranks, two levels forced: every scheme runs across hosts on the
+    # shares, exact against float64, bitwise identical, every unit of the union kept.
+    proc = mpirun(4, "scheme_cases.py", "--transport", "mpi4py", "--examples", 4,
+                  env={"ZEN_HVD_RANKS_PER_HOST": "2", "ZEN_HVD_TWO_LEVEL": "on"})
+    assert "all cases passed" in proc.stdout
+

@@ -26,9 +26,10 @@ sync (median, mean over ranks) and its system (kernel) part, data bytes received
 (Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D),
 of the coalesced gradient the other ranks' distinct rows times (8 + 4 D), ring allreduce
 2 (n-1)/n M 4 D), and ratios to Horovod's two allgathers. The link rate is measured in the
-same launch (a 16 MiB point-to-point transfer); a method's byte ideal is its slowest rank's
-max(bytes sent, received) over that rate, and its wire share the ideal over its time (how much
-of the sync the link is busy with its bytes). Results are checked against the dense allreduce. --out writes the
+same launch (a 16 MiB point-to-point transfer between hosts); a method's byte ideal is its
+slowest rank's max(bytes sent, received) over that rate (with --per-host, the bytes leaving a
+host), and its wire share the ideal over its time (how much of the sync the link is busy with
+its bytes). Results are checked against the dense allreduce. --out writes the
 table as CSV, one row per method, with the setting in every row.
 
 --per-host L: L ranks on each host (with --emulate, L ranks share each namespace, and memory;
@@ -292,6 +293,8 @@ def report(args, n, methods, table, agree, choice):
         off = float(np.bincount(hosts, table[:, base + R + 4]).mean()) if counted else leaving[m]
         b = float(recv.max()) if counted else horovod_bytes[m]
         crit = float(np.maximum(recv, sent).max()) if counted else b
+        if L > 1:   # several ranks to a host: the host's link carries what leaves the host
+            crit = off
         res[m] = dict(t=t, cpu=c, sys=sys_cpu, bytes=b, ideal=crit / rate if rate == rate else float("nan"),
                       counted=counted, leaving=off)
         res[m]["wire"] = res[m]["ideal"] / t
