@@ -12,11 +12,16 @@ them, per sync: the bytes leaving a host and the bytes each rank moves inside it
 Gbit/s inside (NVLink: 1200 Gbit/s, the V100's 150 GB/s a direction), with 50 us per message
 step, for:
   zen-flat        balanced parallelism over all n ranks (Pull around the ring between hosts)
+  zen-flat-direct the same with the direct Pull (ZEN_HVD_PULL=direct; the paper's Pull):
+                  every server's message reaches each host once per local rank
   zen-two-level   balanced inside each host, balanced across hosts on each share
-  horovod-sparse  Horovod's allgather of every rank's rows, flat: each host's link carries
-                  what the other hosts' ranks hold, (n - L) k (8 + 4 D), out and in
-  horovod-hier    HOROVOD_HIERARCHICAL_ALLGATHER=1: the same bytes between hosts, plus the
-                  gather and broadcast inside the host
+  horovod-sparse  Horovod's allgather of every rank's --tokens rows as they are (what its
+                  optimizer sends), flat: each host receives what the other hosts' ranks
+                  hold, (n - L) t (8 + 4 D), and each rank the n - 1 other ranks' rows, in
+                  n - 1 ring steps
+  horovod-coalesced  the same of each rank's k distinct rows
+  horovod-hier    HOROVOD_HIERARCHICAL_ALLGATHER=1 on the distinct rows: the same bytes, in
+                  H - 1 steps between hosts and a gather and a broadcast inside the host
 A projection: no CPU term (on GPUs the kernels take microseconds a sync); bench.vs_horovod
 --per-host measures this machine.
 """
@@ -55,18 +60,21 @@ def set_sizes(args, n, L):
     return k, host, float(np.unique(np.concatenate(sets)).size)
 
 
-def project(H, L, M, D, k, host_union, union, network_gbps, inside_gbps) -> dict:
+def project(H, L, M, D, k, host_union, union, network_gbps, inside_gbps, tokens) -> dict:
     """Per method: (bytes leaving a host, bytes inside per rank, time in seconds)."""
     from ..costmodel import two_level_bytes
 
     n, v = H * L, 4 * D
     zen = two_level_bytes(H, L, M, k, union, host_union, v, ring=True)
+    direct = two_level_bytes(H, L, M, k, union, host_union, v, ring=False)["flat"]
     net, inside = network_gbps * 1e9 / 8, inside_gbps * 1e9 / 8
-    rows = k * (8 + v)                        # Horovod's COO: int64 index and the values
+    rows, raw = k * (8 + v), tokens * (8 + v)   # Horovod's COO: int64 index and the values
     out = {"zen-flat": (zen["flat"]["off_host"], zen["flat"]["inside"], 2),
+           "zen-flat-direct": (direct["off_host"], direct["inside"], 2),
            "zen-two-level": (zen["two-level"]["off_host"], zen["two-level"]["inside"], 5),
-           "horovod-sparse": ((n - L) * rows, (L - 1) * rows, n - 1),
-           "horovod-hier": ((n - L) * rows, 2 * (n - 1) * rows, H - 1 + 2 * math.ceil(math.log2(L)))}
+           "horovod-sparse": ((n - L) * raw, (n - 1) * raw, n - 1),
+           "horovod-coalesced": ((n - L) * rows, (n - 1) * rows, n - 1),
+           "horovod-hier": ((n - L) * rows, (n - 1) * rows, H - 1 + 2 * math.ceil(math.log2(L)))}
     return {m: dict(off_host=b, inside=i, time=b / net + i / inside + steps * STEP_S)
             for m, (b, i, steps) in out.items()}
 
@@ -76,7 +84,7 @@ def main():
     H, L = args.hosts, args.per_host
     n = H * L
     k, host_union, union = set_sizes(args, n, L)
-    res = project(H, L, args.vocab, args.dim, k, host_union, union, args.network, args.inside)
+    res = project(H, L, args.vocab, args.dim, k, host_union, union, args.network, args.inside, args.tokens)
     from .common import reproduce, write_csv
 
     print(f"\nzen_hvd.bench.hosts: projection, {H} hosts x {L} GPUs, {args.network:g} Gbit/s between "
@@ -85,11 +93,11 @@ def main():
     print("  " + reproduce("zen_hvd.bench.hosts"))
     print(f"  rows per rank k = {k:,.0f}; a host's union {host_union:,.0f} (gamma_L = {host_union / k:.2f} "
           f"of L = {L}); the union of all {union:,.0f} (gamma_n = {union / k:.1f} of n = {n})")
-    print(f"  {'method':<16}{'B leaving host':>16}{'B inside/rank':>15}{'time ms':>10}{'vs zen-flat':>13}"
+    print(f"  {'method':<18}{'B leaving host':>16}{'B inside/rank':>15}{'time ms':>10}{'vs zen-flat':>13}"
           f"{'B vs zen-flat':>15}")
     flat = res["zen-flat"]
     for m, r in res.items():
-        print(f"  {m:<16}{r['off_host']:>16,.0f}{r['inside']:>15,.0f}{r['time'] * 1e3:>10.3f}"
+        print(f"  {m:<18}{r['off_host']:>16,.0f}{r['inside']:>15,.0f}{r['time'] * 1e3:>10.3f}"
               f"{flat['time'] / r['time']:>12.2f}x{r['off_host'] / flat['off_host']:>15.2f}")
     write_csv(args.out, [dict(hosts=H, per_host=L, network_gbps=args.network, inside_gbps=args.inside,
                               method=m, bytes_leaving_host=r["off_host"], bytes_inside_per_rank=r["inside"],
