@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from zen_hvd import characteristics, costmodel, stats, workloads
 
@@ -82,3 +83,21 @@ def test_message_steps_count_the_header_round_of_the_schemes_whose_headers_do_no
 
     assert set(costmodel.HEADER_IN_PUSH) == {"balanced", "agsparse"}
     assert set(costmodel.HEADER_IN_PUSH) == {s for s, impl in SCHEMES.items() if not isinstance(impl, Planned)}
+
+
+def test_two_level_bytes_with_one_rank_per_host_are_the_flat_sync():
+    b = costmodel.two_level_bytes(8, 1, 200_000, 1900.0, 10_000.0, 1900.0, 256)
+    assert b["flat"]["off_host"] == pytest.approx(b["two-level"]["off_host"])
+    assert b["flat"]["inside"] == 0 and b["two-level"]["inside"] == 0
+
+
+def test_two_levels_win_where_a_host_shares_its_rows_and_lose_on_a_small_tensor():
+    # 4 hosts x 4 ranks, every rank of a host holding the same rows (gamma_L = 1): each host
+    # sends its union once instead of four times, over an in-host link 100x the network's.
+    shared = costmodel.two_level_costs(4, 4, 10 ** 6, 1e4, 4e4, 1e4, 256, rate_ratio=0.01)
+    assert shared["two-level"] < 0.8 * shared["flat"]
+    # a small tensor, disjoint rows inside the host (gamma_L = L): the three rounds more cost
+    # more than the few bytes they save
+    small = costmodel.two_level_costs(4, 4, 10 ** 4, 100.0, 1600.0, 400.0, 256, rate_ratio=0.01,
+                                      round_bytes=128 << 10)
+    assert small["flat"] < small["two-level"]

@@ -140,15 +140,18 @@ def two_level_bytes(H, L, M, k, union, host_union, value_bytes, ring=True) -> di
     The Pull messages of all servers together are P = |I_n| v + min(M/8, |I_n| i).
       flat       off_host: L (n-L)/n k (i+v)  +  (n-1)/n P around the ring (each link
                  carries every message but one), L (n-L)/n P direct;
-                 inside: (L-1)/n (k (i+v) + P)
+                 inside: (L-1)/n k (i+v)  +  (L-1)/L (n-1)/n P around the ring (a rank
+                 whose left neighbour shares its host receives every message from it),
+                 (L-1)/n P direct
       two-level  off_host: (H-1)/H (host_union (i+v) + P)   (the host's union pushed once,
                  each share pulled once);
                  inside: (L-1)/L (k (i+v) + P)              (reduce-scatter and allgather)"""
     n, i, v = H * L, INDEX_BYTES, value_bytes
     P = union * v + min(M / 8, union * i)
     flat_pull = (n - 1) / n * P if ring else L * (n - L) / n * P
+    pull_inside = (L - 1) / L * (n - 1) / n * P if ring else (L - 1) / n * P
     return {"flat": dict(off_host=L * (n - L) / n * k * (i + v) + flat_pull,
-                         inside=(L - 1) / n * (k * (i + v) + P)),
+                         inside=(L - 1) / n * k * (i + v) + pull_inside),
             "two-level": dict(off_host=(H - 1) / H * (host_union * (i + v) + P),
                               inside=(L - 1) / L * (k * (i + v) + P))}
 
@@ -158,13 +161,13 @@ def two_level_costs(H, L, M, k, union, host_union, value_bytes, ring=True, round
     """Flat against two-level balanced parallelism, in bytes of the network link: the bytes
     leaving a host, plus the bytes inside it at rate_ratio = network rate / in-host rate
     (ZEN_HVD_NETWORK_GBPS / ZEN_HVD_HOST_GBPS, defaults 10 and 50), plus round_bytes per
-    message step (2 flat; 4 for two levels) and hash_bytes per unit a rank hashes (flat: k
+    message step (2 flat; 5 for two levels) and hash_bytes per unit a rank hashes (flat: k
     and the union; two levels also its share's host union and union, (host_union + union)/L)."""
     if rate_ratio is None:
         rate_ratio = network_gbps() / host_gbps()
     b = two_level_bytes(H, L, M, k, union, host_union, value_bytes, ring)
     hashed = {"flat": k + union, "two-level": k + union + (host_union + union) / L}
-    steps = {"flat": 2, "two-level": 4}
+    steps = {"flat": 2, "two-level": 5}   # two-level: the header round, two rounds inside, two across
     return {s: b[s]["off_host"] + rate_ratio * b[s]["inside"] + steps[s] * round_bytes + hashed[s] * hash_bytes
             for s in b}
 
