@@ -117,7 +117,7 @@ class Mpi4pyTransport(PointToPoint):
                 counts.setdefault(self._left[r], []).append(r)
         if not counts:
             return None
-        each = "; ".join(f"{stall.ranks_phrase(rs)} left after {c} syncs" for c, rs in sorted(counts.items()))
+        each = "; ".join(f"{self.ranks_phrase(rs)} left after {c} syncs" for c, rs in sorted(counts.items()))
         return f"{each} (this rank is in sync {self.syncs})"
 
     def _exchange(self, sends, tag):
@@ -181,7 +181,7 @@ class Mpi4pyTransport(PointToPoint):
             return None if arrived() else self._gone(pending)
 
         stall.wait(arrived, self.policy, lambda: self._what(tag),
-                   lambda: f"the messages of {stall.ranks_phrase(pending)}", gone)
+                   lambda: f"the messages of {self.ranks_phrase(pending)}", gone)
 
     def _pull_joined(self, send, body_nbytes):
         """Around the ring: PointToPoint's (each message as it comes round, then the bodies
@@ -227,7 +227,7 @@ class Mpi4pyTransport(PointToPoint):
             return [r for r, q in reqs if q != self._MPI.REQUEST_NULL and not q.Test()]
 
         stall.wait(lambda: self._MPI.Request.Testall(requests), self.policy, lambda: self._what(tag),
-                   lambda: f"{waiting_for} {stall.ranks_phrase(waiting())}",
+                   lambda: f"{waiting_for} {self.ranks_phrase(waiting())}",
                    lambda: self._gone(waiting()))
 
     def _collective(self, request):

@@ -326,11 +326,11 @@ class TorchTransport(PointToPoint):
         self.broken = True
         if "timed out" in str(e).lower() or "timeout" in str(e).lower():
             return peer_error(
-                f"zen_hvd: {self._what(tag)}: gave up waiting for rank {peer} after the stall "
+                f"zen_hvd: {self._what(tag)}: gave up waiting for rank {self.name_of(peer)} after the stall "
                 "shutdown time (ZEN_HVD_STALL_SHUTDOWN_TIME_SECONDS): a rank is stuck, or the "
                 f"ranks are out of step ({e})", stall.StallError)
         left = departed(self._global)
-        return peer_error(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {peer}: "
+        return peer_error(f"zen_hvd: {self._what(tag)}: transport 'torch' lost rank {self.name_of(peer)}: "
                           + (f"{left} (this rank is in sync {self.syncs})" if left else
                              f"it died or exited ({e})"))
 
@@ -443,7 +443,7 @@ class TorchTransport(PointToPoint):
         expected, raises too (balanced.py, hierarchical.py), instead of both waiting for
         messages that never come."""
         if got.size != want or int(got[:8].view(np.int64)[0]) != SIZED:
-            raise ValueError(f"zen_hvd: tensor {self.activity!r}: rank {peer} sent it from host "
+            raise ValueError(f"zen_hvd: tensor {self.activity!r}: rank {self.name_of(peer)} sent it from host "
                              "memory while this rank sends it from the GPU: every rank must hold "
                              "the tensor on the same kind of device")
         return got[8:].view(np.int64)

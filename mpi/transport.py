@@ -81,6 +81,7 @@ class Transport:
     ring_capable = False      # its Pull can go around a ring (pull_route)
     hosts = 1                 # the hosts its ranks run on, where it can tell (pull_route)
     host_of = None            # every rank's host, 0..hosts-1 in order of first rank (group_hosts)
+    names = None              # a split transport's ranks as the transport it came from numbers them
 
     def __init__(self, rank: int, size: int):
         self.rank = rank
@@ -132,7 +133,17 @@ class Transport:
             index: dict = {}
             sub.host_of = [index.setdefault(self.host_of[r], len(index)) for r in members]
             sub.hosts = len(index)
+            sub.names = [self.name_of(r) for r in members]
         return sub
+
+    def name_of(self, rank: int) -> int:
+        """How errors name `rank`: as the transport this one was split from does."""
+        return self.names[rank] if self.names else rank
+
+    def ranks_phrase(self, ranks) -> str:
+        from . import stall
+
+        return stall.ranks_phrase([self.name_of(r) for r in ranks])
 
     def _split(self, color: int, members: list):
         """split's transport over `members` (ranks here, ascending), or None."""
