@@ -223,7 +223,7 @@ class TorchTransport(PointToPoint):
 
         self._dist = dist
         self._owned = group is None or group.runtime == "horovod"   # a group it made and destroys
-        self._split = members is not None
+        self._subgroup = members is not None
         if members is not None:
             self._group = dist.new_group(ranks=members, backend="gloo", timeout=_timeout(),
                                          use_local_synchronization=True)
@@ -422,7 +422,7 @@ class TorchTransport(PointToPoint):
         if device.type != "cuda":
             return self._group
         if self._nccl is None:
-            members = self._global if self._split or not self._owned else None
+            members = self._global if self._subgroup or not self._owned else None
             self._nccl = self._dist.new_group(ranks=members, backend="nccl",
                                               use_local_synchronization=members is not None)
             self._dist.all_reduce(torch.zeros(1, device=device), group=self._nccl)

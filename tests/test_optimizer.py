@@ -13,6 +13,14 @@ def test_optimizer_cases_mpirun(ranks):
     assert f" cases, {ranks} ranks, mpi, transport mpi4py)" in proc.stdout
 
 
+def test_optimizer_cases_on_two_levels():
+    # 2 emulated hosts x 2 ranks, two levels forced: the optimizer's syncs run them (the
+    # cases assert it) and still match Horovod's optimizer and the one-process reference.
+    proc = mpirun(4, "optimizer_cases.py", timeout=300,
+                  env={"ZEN_HVD_RANKS_PER_HOST": "2", "ZEN_HVD_TWO_LEVEL": "on"})
+    assert "all cases passed (17 cases, 4 ranks, mpi, transport mpi4py)" in proc.stdout
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_optimizer_cases_horovodrun_gloo(ranks):
     proc = horovodrun_gloo(ranks, "optimizer_cases.py", timeout=300)

@@ -24,6 +24,13 @@ def test_ddp_hook_matches_ddp_and_resumes_exactly(ranks):
     assert f"ddp_cases: all cases passed on {ranks} ranks (cpu tensors)" in proc.stdout
 
 
+def test_ddp_hook_on_two_levels():
+    # 2 emulated hosts x 2 ranks, two levels forced: the hook's sparse buckets run them (the
+    # cases assert it), equal to DDP's own reduction, and the checkpoint resumes exactly.
+    proc = torchrun(4, "ddp_cases.py", env={**NO_HOROVOD, "ZEN_HVD_RANKS_PER_HOST": "2", "ZEN_HVD_TWO_LEVEL": "on"})
+    assert "ddp_cases: all cases passed on 4 ranks (cpu tensors)" in proc.stdout
+
+
 def test_ddp_hook_models_that_differ_raise_on_every_rank():
     proc = torchrun(3, "ddp_cases.py", "--case", "mismatch", env=NO_HOROVOD)
     for r in range(3):
