@@ -323,7 +323,7 @@ class Corrupter:
         msgs = self.corrupt_each([send] * self.n, "pull")
         parts = self.tr._exchange(msgs, tag)
         parts[self.me] = send
-        return joined(parts, body_nbytes), sum(p.size for p in parts) - send.size, send.size * (self.n - 1)
+        return joined(parts, body_nbytes), [p.size for p in parts]
 
     def swap(self, send, peer, receive, *rest):
         if send is not None and peer is not None:

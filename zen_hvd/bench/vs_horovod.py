@@ -21,6 +21,8 @@ repeat after repeat in turn, with:
                   optimizer takes): no sort and no gather of the result
   zen-auto        zen_hvd.sparse_allreduce(scheme="auto"), after its profiling calls (it
                   chooses the scheme, and flat or two-level)
+  zen-SCHEME      zen_hvd.sparse_allreduce(scheme=SCHEME, two_level="off") for any other
+                  scheme (zen-hierarchical, zen-agsparse, ...)
 Prints per method: median time per sync (each repeat's slowest rank), CPU (process) time per
 sync (median, mean over ranks) and its system (kernel) part, data bytes received per rank
 (Zen: the transports' counters; Horovod: from the tensor sizes, allgather (n-1) k (8 + 4 D),
@@ -141,6 +143,7 @@ def child(args):
            "zen-balanced": zen("balanced"), "zen-two-level": zen("balanced", two_level="on"),
            "zen-uncoalesced": zen("balanced", coalesced=False), "zen-auto": zen("auto", two_level="auto")}
     methods = [m for m in args.methods.split(",") if m]
+    fns.update({m: zen(m[4:]) for m in methods if m not in fns and m.startswith("zen-")})
     # Correctness first: every method against the dense allreduce.
     ref = horovod_dense()
     agree = {m: bool(torch.allclose(fns[m]().to_dense(), ref, rtol=1e-4, atol=1e-4)) for m in methods}
