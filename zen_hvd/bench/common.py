@@ -19,12 +19,17 @@ def add_embedding_args(ap, repeats: int, rate: str) -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--emulate", default=None, help=f"link rate such as {rate}: namespaces + tc")
     ap.add_argument("--repeats", type=int, default=repeats)
+    add_gradient_args(ap)
+    ap.add_argument("--out", default=None, help="CSV file of the table printed")
+
+
+def add_gradient_args(ap) -> None:
+    """The embedding gradient's options: the table, and the Zipf tokens each rank looks up."""
     ap.add_argument("--vocab", type=int, default=200_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="CSV file of the table printed")
 
 
 class Progress:

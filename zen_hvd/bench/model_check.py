@@ -33,16 +33,14 @@ METHODS = ("horovod-dense", "horovod-sparse", "horovod-coalesced", "zen-balanced
 
 
 def parse():
+    from .common import add_gradient_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="250mbit,1gbit")
     ap.add_argument("--hosts", default="4,8,16")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--vocab", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--zipf", type=float, default=1.05)
-    ap.add_argument("--seed", type=int, default=0)
+    add_gradient_args(ap)
     ap.add_argument("--out", default="bench_out")
     return ap.parse_args()
 

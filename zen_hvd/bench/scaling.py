@@ -28,16 +28,14 @@ LABELS = {"zen-balanced": "Zen (balanced)", "horovod-sparse": "Horovod sparse al
 
 
 def parse():
+    from .common import add_gradient_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="4,8")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--project-to", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--vocab", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--zipf", type=float, default=1.05)
-    ap.add_argument("--seed", type=int, default=0)
+    add_gradient_args(ap)
     ap.add_argument("--out", default="bench_out")
     return ap.parse_args()
 
