@@ -6,9 +6,10 @@
 Measures bench.vs_horovod's embedding gradient (200k x 64, 4096 Zipf(1.05) tokens per rank)
 with Zen's balanced, hierarchical and one-shot schemes and Horovod's dense allreduce, sparse
 allgather and allgather of the coalesced gradient, one launch per setting:
-  calibration  2 and 3 ranks on shared memory; 2 and 3 emulated hosts at 1 Gbit/s: the CPU
-               time per sync of every method, from which timemodel.calibrate fits its fixed
-               and per-byte parts, per transport kind;
+  calibration  2 and 3 ranks on shared memory; 2 and 3 emulated hosts at each of --rates: the
+               CPU time per sync of every method, from which timemodel.calibrate fits its
+               parts per message and per byte, per transport kind, and the times, from which
+               it fits the overlap of CPU and wire;
   check        4 ranks on shared memory; --hosts emulated hosts at each of --rates: the model
                predicts each point from the calibration alone (the gradient's set sizes are
                counted from the ranks' real draws; the link rate is the one each launch
@@ -95,7 +96,7 @@ def main():
     emulate = can_emulate()
     rates = [r for r in args.rates.split(",") if r] if emulate else []
     hosts = [int(h) for h in args.hosts.split(",") if h] if emulate else []
-    calib = [("shm", n, None) for n in (2, 3)] + ([("tcp", n, "1gbit") for n in (2, 3)] if emulate else [])
+    calib = [("shm", n, None) for n in (2, 3)] + ([("tcp", n, r) for r in rates for n in (2, 3)] if emulate else [])
     check = [("shm", 4, None)] + [("tcp", n, r) for r in rates for n in hosts]
     g = gradient(args, [n for _, n, _ in calib + check])
     cores = os.cpu_count() or 1
@@ -115,6 +116,7 @@ def main():
                 model = timemodel.predict(m, n, g, p["rate_bps"], kind, constants, timemodel.sharing(n, cores))
                 rows.append(dict(role=role, kind=kind, ranks=n, rate=rate or "shared memory", method=m,
                                  measured_ms=p["time_s"] * 1e3, model_ms=model["time"] * 1e3,
+                                 measured_cpu_ms=p["cpu_s"] * 1e3,
                                  wire_ms=model["wire"] * 1e3, cpu_ms=model["cpu"] * 1e3,
                                  error=model["time"] / p["time_s"] - 1, link_gbps=p["rate_bps"] / 1e9))
     report(rows, args)
