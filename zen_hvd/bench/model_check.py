@@ -42,6 +42,8 @@ def parse():
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--methods", default=",".join(METHODS))
     add_gradient_args(ap)
+    ap.add_argument("--measured", default=None,
+                    help="a model_check.csv written before: its measured points, no launches")
     ap.add_argument("--out", default="bench_out")
     return ap.parse_args()
 
@@ -86,6 +88,18 @@ def measure(args, n, rate, methods):
                               rate_bps=float(r["link_gbps"]) * 1e9) for r in rows}
 
 
+def earlier(path):
+    """The measured points of a model_check.csv, as measure() returns them per launch."""
+    out = {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            rate = None if r["rate"] == "shared memory" else r["rate"]
+            out.setdefault((r["kind"], int(r["ranks"]), rate), {})[r["method"]] = dict(
+                time_s=float(r["measured_ms"]) / 1e3, cpu_s=float(r["measured_cpu_ms"]) / 1e3,
+                rate_bps=float(r["link_gbps"]) * 1e9)
+    return out
+
+
 def main():
     args = parse()
     from zen_hvd import timemodel
@@ -102,18 +116,20 @@ def main():
     cores = os.cpu_count() or 1
     print(f"zen_hvd.bench.model_check: {len(calib)} calibration and {len(check)} check launches"
           + ("" if emulate else " (shared memory only: network namespaces need root)"), flush=True)
-    measured = {}
+    measured = earlier(args.measured) if args.measured else {}
     for kind, n, rate in calib + check:
-        measured[(kind, n, rate)] = measure(args, n, rate, methods)
+        if (kind, n, rate) not in measured:
+            measured[(kind, n, rate)] = measure(args, n, rate, methods)
     constants = timemodel.calibrate(
-        [dict(kind=kind, method=m, n=n, cpu_s=p["cpu_s"], time_s=p["time_s"], rate_bps=p["rate_bps"],
-              sharing=timemodel.sharing(n, cores), gradient=g)
+        [dict(kind=kind, method=m, n=n, rate=rate or "shared memory", cpu_s=p["cpu_s"], time_s=p["time_s"],
+              rate_bps=p["rate_bps"], sharing=timemodel.sharing(n, cores), gradient=g)
          for kind, n, rate in calib for m, p in measured[(kind, n, rate)].items()])
     rows = []
     for role, points in (("calibration", calib), ("check", check)):
         for kind, n, rate in points:
             for m, p in measured[(kind, n, rate)].items():
-                model = timemodel.predict(m, n, g, p["rate_bps"], kind, constants, timemodel.sharing(n, cores))
+                model = timemodel.predict(m, n, g, p["rate_bps"], kind, constants, timemodel.sharing(n, cores),
+                                          rate=rate or "shared memory")
                 rows.append(dict(role=role, kind=kind, ranks=n, rate=rate or "shared memory", method=m,
                                  measured_ms=p["time_s"] * 1e3, model_ms=model["time"] * 1e3,
                                  measured_cpu_ms=p["cpu_s"] * 1e3,

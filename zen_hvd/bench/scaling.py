@@ -63,7 +63,8 @@ def main():
     cores = os.cpu_count() or 1
     kind = "tcp" if emulate else "shm"
     saved = os.path.join(args.out, "timemodel.json")
-    if os.path.exists(saved) and (kind, "zen-balanced") in timemodel.load(saved):
+    label = args.rate if emulate else "shared memory"
+    if os.path.exists(saved) and all((kind, m, label) in timemodel.load(saved) for m in methods):
         constants = timemodel.load(saved)
         print(f"scaling: the time model's calibration from {saved} (bench.model_check)", flush=True)
     else:
@@ -72,12 +73,13 @@ def main():
         points = []
         for k, n, rate in calib:
             for m, p in measure(args, n, rate, methods).items():
-                points.append(dict(kind=k, method=m, n=n, cpu_s=p["cpu_s"], time_s=p["time_s"],
+                points.append(dict(kind=k, method=m, n=n, rate=rate or "shared memory", cpu_s=p["cpu_s"], time_s=p["time_s"],
                                    rate_bps=p["rate_bps"], sharing=timemodel.sharing(n, cores), gradient=g))
         constants = timemodel.calibrate(points)
     measured = {n: measure(args, n, args.rate, methods) for n in hosts}
     rate = rate_bps(args.rate)
-    lines = {m: {n: timemodel.predict(m, n, g, rate, kind, constants)["time"] for n in projected} for m in methods}
+    lines = {m: {n: timemodel.predict(m, n, g, rate, kind, constants, rate=label)["time"] for n in projected}
+             for m in methods}
     print(f"\nscaling: {LABELS['zen-balanced']} against Horovod, embedding {args.vocab:,} x {args.dim}, "
           f"{args.tokens:,} Zipf({args.zipf}) tokens per rank; links at {args.rate}")
     print("  " + reproduce("zen_hvd.bench.scaling"))
@@ -86,7 +88,8 @@ def main():
         print(f"  MEASURED here (emulated hosts sharing this machine's {cores} cores), and the model at the same point:")
         for n, got in measured.items():
             for m in methods:
-                model = timemodel.predict(m, n, g, got[m]["rate_bps"], kind, constants, timemodel.sharing(n, cores))
+                model = timemodel.predict(m, n, g, got[m]["rate_bps"], kind, constants, timemodel.sharing(n, cores),
+                                          rate=label)
                 checks[(n, m)] = model["time"]
                 print(f"    {n:>3} hosts  {LABELS[m]:<28}{got[m]['time_s'] * 1e3:>9.1f} ms measured"
                       f"{model['time'] * 1e3:>9.1f} ms model ({model['time'] / got[m]['time_s'] - 1:+.0%})")
