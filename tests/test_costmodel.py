@@ -101,3 +101,26 @@ def test_two_levels_win_where_a_host_shares_its_rows_and_lose_on_a_small_tensor(
     small = costmodel.two_level_costs(4, 4, 10 ** 4, 100.0, 1600.0, 400.0, 256, rate_ratio=0.01,
                                       round_bytes=128 << 10)
     assert small["flat"] < small["two-level"]
+
+
+def test_time_model_takes_the_slower_of_wire_and_the_shared_cpu():
+    from zen_hvd import timemodel
+
+    g = timemodel.Gradient(M=200_000, D=64, t=4096.0, k=1900.0,
+                           unions={1: 1900.0, 2: 3700.0, 3: 5300.0, 4: 6900.0, 8: 10300.0, 16: 15000.0})
+    assert timemodel.critical_bytes("horovod-sparse", 8, g) == 7 * 4096 * (8 + 4 * 64)
+    assert timemodel.critical_bytes("horovod-dense", 4, g) == 2 * 3 / 4 * 200_000 * 256
+    points = [dict(kind="tcp", method="zen-balanced", n=n, rate="1gbit", cpu_s=cpu, time_s=t, rate_bps=1e9,
+                   sharing=n / 2, gradient=g) for n, cpu, t in ((2, 0.009, 0.010), (3, 0.007, 0.012))]
+    constants = timemodel.calibrate(points)
+    assert constants[("tcp", "zen-balanced", "1gbit")] == 0.007          # the largest launch's CPU
+    alpha = constants[("tcp", "alpha")]
+    assert 0.0 <= alpha <= 1.0
+    wire = timemodel.critical_bytes("zen-balanced", 16, g) * 8 / 1e9
+    got = timemodel.predict("zen-balanced", 16, g, 1e9, "tcp", constants, sharing=8, rate="1gbit")
+    shared = 0.007 * 8                                                    # 16 ranks on 2 cores
+    assert got["time"] == pytest.approx(max(wire, shared) + alpha * min(wire, shared)
+                                        + timemodel.steps("zen-balanced", 16) * timemodel.LATENCY_S["tcp"])
+    # one rank per host with cores of its own: the CPU is not shared out
+    alone = timemodel.predict("zen-balanced", 16, g, 1e9, "tcp", constants, rate="1gbit")
+    assert alone["cpu"] == pytest.approx(0.007) and alone["time"] < got["time"]
