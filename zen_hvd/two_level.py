@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from . import ops
+from .backend import HOST
 from .balanced import BalancedParallelism, Servers
 from .header import COL, COUNTS, exchange
 from .units import INDEX_OUT_OF_RANGE, OK
@@ -92,6 +93,8 @@ def levels(tr):
         local = tr.split(host)
         if local is not None:
             cross = tr.split(local.rank)
+            # Each level's own agreements (auto's profiles, unnamed syncs' counter); its
+            # transport is given, so the State's group only names it.
             lv = Levels(local, cross, State(Group("two-level local")), State(Group("two-level cross")))
     elif tr.host_of is not None and 1 < tr.hosts < tr.size and tr.rank == 0:
         log.warning("zen_hvd: the hosts run different numbers of ranks (%s): the flat sync serves them",
@@ -163,8 +166,9 @@ class TwoLevel:
         finally:
             parent.broken |= lv.local.broken or lv.cross.broken
             self._count(parent, before)
-        # Every rank's units (as many as it sent: an uncoalesced tensor's repeats counted
-        # once), and the hosts' unions for auto's profile: the same on every rank.
+        # Every rank's units as it holds them (an uncoalesced tensor's repeats included); on a
+        # check call as its Push counted them (each unit once), with the hosts' unions, for
+        # auto's profile: the same on every rank.
         nnz = table[:, COL["nnz"]]
         if self.measure:
             got = parent.allgather_int64([int(info["nnz"][lv.local.rank]), int(info["host_union"])])
@@ -183,8 +187,6 @@ class TwoLevel:
         _, units, summed, _ = allreduce_units(share, req.name, ops.Sum, scheme=self.scheme, ctx=cross_ctx,
                                               two_level="off")
         summed = np.ascontiguousarray(summed.numpy())
-        from .backend import HOST
-
         HOST.scale_rows(summed, req.scale, req.divisor)
         return units, summed
 
