@@ -196,27 +196,31 @@ if n > 1:
             tr.push = clean
 
 # A Push message of the right size whose positions lie outside the server's range (rank 1
-# rewrites the first position it sends rank 0): on either path every rank raises instead of a
-# kernel indexing with it (out of bounds on the host; on a GPU an illegal address would end
-# the CUDA context).
+# rewrites the first position it sends the first server it sends any to, which depends on the
+# drawn seed): on either path every rank raises instead of a kernel indexing with it (out of
+# bounds on the host; on a GPU an illegal address would end the CUDA context).
 if n > 1:
-    def out_of_range(clean):
+    def out_of_range(clean, hit):
         def push(send, counts, control=0):
             send = send.copy() if isinstance(send, np.ndarray) else send.clone()
-            first = send[control:control + 4]
+            server = next(r for r, c in enumerate(counts) if int(c) > control)
+            hit.append(server)
+            start = int(sum(int(c) for c in counts[:server])) + control
+            first = send[start:start + 4]
             (first.view(np.int32) if isinstance(first, np.ndarray) else first.view(torch.int32))[:] = 2 ** 31 - 1
             return clean(send, counts, control)
         return push
 
     for path in ("host", "device"):
-        clean = tr.push
-        tr.push = out_of_range(clean) if me == 1 else clean
+        clean, hit = tr.push, []
+        tr.push = out_of_range(clean, hit) if me == 1 else clean
         try:
             sync(torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 5, 8, 13]]), torch.ones(6, 2), (100, 2)).to(DEV),
                  path)
             raise AssertionError(f"{path}: positions out of range were not caught")
         except InvalidTensorError as e:
-            assert "servers [0]" in str(e) and "does not match its header" in str(e), e
+            server = tr.broadcast_int(hit[0] if hit else -1, root=1)
+            assert f"servers [{server}]" in str(e) and "does not match its header" in str(e), e
         finally:
             tr.push = clean
 
