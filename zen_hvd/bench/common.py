@@ -133,3 +133,10 @@ def human_bytes(x: float) -> str:
         if abs(x) < 1024 or unit == "GiB":
             return f"{x:.1f} {unit}" if unit != "B" else f"{x:.0f} B"
         x /= 1024
+
+
+def rate_bps(text: str) -> float:
+    """A link rate as tc writes it (250mbit, 1gbit) in bits per second."""
+    text = text.lower().rstrip("bit/s").rstrip("bps")
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1:], 1)
+    return float(text[:-1] if text[-1:] in "kmg" else text) * scale

@@ -40,19 +40,11 @@ def parse():
     return ap.parse_args()
 
 
-def rate_bps(text: str) -> float:
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for u, f in units.items():
-        if text.endswith(u):
-            return float(text[:-len(u)]) * f
-    return float(text)
-
-
 def main():
     args = parse()
     from zen_hvd import timemodel
 
-    from .common import reproduce
+    from .common import rate_bps, reproduce
     from .model_check import can_emulate, gradient, measure
 
     methods = list(METHODS)

@@ -194,7 +194,9 @@ def plot(args, rows, parts):
     import matplotlib.pyplot as plt
 
     kinds = args.workloads.split(",")
-    rate = _rate_bps(args.emulate) if args.emulate else None
+    from zen_hvd.bench.common import rate_bps
+
+    rate = rate_bps(args.emulate) if args.emulate else None
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4.4), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         chs = sorted((p["characteristics"][kind] for p in parts if kind in p["characteristics"]),
@@ -233,7 +235,9 @@ def costmodel_check(args, parts, rows):
 
     print("\ncost model check (critical-path bytes: max over ranks of max(sent, received) per sync)")
     errs, terrs = [], []
-    rate = _rate_bps(args.emulate) if args.emulate else None
+    from zen_hvd.bench.common import rate_bps
+
+    rate = rate_bps(args.emulate) if args.emulate else None
     for p in parts:
         for kind, ch in p["characteristics"].items():
             n = ch["n"]
@@ -301,11 +305,6 @@ def costmodel_check(args, parts, rows):
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 
-
-def _rate_bps(text: str) -> float:
-    text = text.lower().rstrip("bit/s").rstrip("bps")
-    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1:], 1)
-    return float(text[:-1] if text[-1:] in "kmg" else text) * scale
 
 
 def main():
